@@ -1,0 +1,43 @@
+"""Frozen configuration shared by the decode loop, the drafters and the CLI."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """temperature == 0 means greedy; top_k == 0 and top_p == 1 disable those filters."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError("temperature must be >= 0")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError("top_p must be in (0, 1]")
+        if self.top_k < 0:
+            raise ValueError("top_k must be >= 0")
+
+
+@dataclass(frozen=True)
+class TreeBudget:
+    """How big a draft tree each round may grow: total nodes, depth, children per node."""
+
+    max_nodes: int = 16
+    max_depth: int = 8
+    branching: int = 2
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    tokens: tuple[int, ...]
+    max_tokens: int = 256
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    stop: tuple[str, ...] = ()

@@ -1,0 +1,86 @@
+"""Sparse next-token distributions, computed from a logits row without copying the vocabulary.
+
+A row is a zero-copy numpy view of the model's logits buffer. Temperature, top-k and top-p leave
+a support that is usually small, so every later step (rejection tests, residuals) works on that
+support only; only the softmax normaliser and the top-k partition touch the whole row, in numpy.
+Target and drafters process logits with the same function so their distributions are comparable.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .config import SamplingParams
+
+# Top-p first looks at this many best tokens; the whole row is sorted only if they hold < top_p.
+_NUCLEUS_PROBE = 1024
+
+
+@dataclass(frozen=True)
+class Dist:
+    """A distribution over token ids: ids[i] has probability probs[i]; probs sum to 1, descending."""
+
+    ids: np.ndarray    # [k] int64
+    probs: np.ndarray  # [k] float64
+
+    def prob_of(self, token: int) -> float:
+        hit = np.flatnonzero(self.ids == token)
+        return float(self.probs[hit[0]]) if hit.size else 0.0
+
+    def sample(self, rng: np.random.Generator) -> int:
+        return int(self.ids[_draw(self.probs, rng)])
+
+
+def _draw(probs: np.ndarray, rng: np.random.Generator) -> int:
+    cdf = np.cumsum(probs)
+    i = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
+    return min(i, probs.size - 1)
+
+
+def argmax(row: np.ndarray) -> int:
+    return int(np.argmax(row))
+
+
+def process(row: np.ndarray, params: SamplingParams) -> Dist:
+    """Apply temperature, then top-k, then top-p (llama.cpp's order) to one logits row."""
+    vocab = row.shape[0]
+    k = params.top_k if 0 < params.top_k < vocab else vocab
+    if k < vocab:
+        ids = np.argpartition(row, vocab - k)[vocab - k:]
+    else:
+        probe = min(_NUCLEUS_PROBE, vocab) if params.top_p < 1.0 else vocab
+        ids = np.argpartition(row, vocab - probe)[vocab - probe:] if probe < vocab else np.arange(vocab)
+    logits = row[ids].astype(np.float64) / params.temperature
+    order = np.argsort(-logits, kind="stable")
+    ids, logits = ids[order], logits[order]
+    top = logits[0]
+    if k < vocab:
+        probs = np.exp(logits - top)
+        probs /= probs.sum()
+    else:  # normalise over the whole vocabulary, not only the probed tokens
+        total = np.exp((row.astype(np.float64) / params.temperature) - top).sum()
+        probs = np.exp(logits - top) / total
+        if params.top_p < 1.0 and probs.sum() < params.top_p and ids.size < vocab:
+            return process_full_sort(row, params)
+    if params.top_p < 1.0:
+        cut = int(np.searchsorted(np.cumsum(probs), params.top_p, side="left")) + 1
+        ids, probs = ids[:cut], probs[:cut]
+        probs = probs / probs.sum()
+    return Dist(ids.astype(np.int64), probs)
+
+
+def process_full_sort(row: np.ndarray, params: SamplingParams) -> Dist:
+    """Reference path: sort the whole row. Used when the nucleus is wider than the probe, and in tests."""
+    logits = row.astype(np.float64) / params.temperature
+    ids = np.argsort(-logits, kind="stable")
+    if 0 < params.top_k < row.shape[0]:
+        ids = ids[: params.top_k]
+    lg = logits[ids]
+    probs = np.exp(lg - lg[0])
+    probs /= probs.sum()
+    if params.top_p < 1.0:
+        cut = int(np.searchsorted(np.cumsum(probs), params.top_p, side="left")) + 1
+        ids, probs = ids[:cut], probs[:cut]
+        probs = probs / probs.sum()
+    return Dist(ids.astype(np.int64), probs)

@@ -1,0 +1,1 @@
+"""Drafters: each proposes continuations into the shared draft tree. See `base.Drafter`."""

@@ -1,0 +1,111 @@
+"""The draft tree: what drafters grow and the target verifies in one batch.
+
+Node 0 is the root: the last committed token, which the target has not evaluated yet. Every other
+node is a drafted continuation of its parent. Children are kept in the order they were proposed,
+because sampling verification tries them in that order (each child was drawn from its proposal
+distribution with the earlier siblings excluded). Nodes are appended, so a parent's index is
+always smaller than its children's; the layout for llama.cpp (positions and one sequence id per
+root-to-leaf path) follows from that in one reverse pass.
+
+The tree is reset and reused every round: no allocation per token on the hot path.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .distribution import Dist
+
+
+@dataclass(frozen=True)
+class TreeLayout:
+    """What a batch needs: per node, its depth below the root and the sequence ids it belongs to."""
+
+    depth: np.ndarray            # [n] int32, root = 0
+    seq_ids: tuple[tuple[int, ...], ...]  # [n] ids of the root-to-leaf paths through each node
+    leaf_seq: dict[int, int]     # leaf node -> its sequence id
+
+
+class DraftTree:
+    def __init__(self, capacity: int = 256) -> None:
+        self.capacity = capacity
+        self.tokens = np.zeros(capacity, np.int32)
+        self.parent = np.full(capacity, -1, np.int32)
+        self.depth = np.zeros(capacity, np.int32)
+        self.logp = np.zeros(capacity, np.float64)   # log prob of the path under its drafter
+        self.drafter = np.full(capacity, -1, np.int16)  # index of the stage that proposed it
+        self.children: list[list[int]] = [[] for _ in range(capacity)]
+        # Distribution each node was drawn from, given its parent (None: proposed deterministically).
+        self.proposal: list[Dist | None] = [None] * capacity
+        self.n = 0
+
+    def reset(self, root_token: int) -> None:
+        for i in range(self.n):
+            self.children[i].clear()
+            self.proposal[i] = None
+        self.n = 1
+        self.tokens[0] = root_token
+        self.parent[0] = -1
+        self.depth[0] = 0
+        self.logp[0] = 0.0
+        self.drafter[0] = -1
+
+    @property
+    def room(self) -> int:
+        return self.capacity - self.n
+
+    def add(self, parent: int, token: int, logp: float, drafter: int,
+            proposal: Dist | None = None) -> int:
+        """Append a child of `parent`; returns its index. Tokens must be unique among siblings."""
+        if self.n >= self.capacity:
+            raise IndexError("draft tree is full")
+        i = self.n
+        self.n += 1
+        self.tokens[i] = token
+        self.parent[i] = parent
+        self.depth[i] = self.depth[parent] + 1
+        self.logp[i] = logp
+        self.drafter[i] = drafter
+        self.proposal[i] = proposal
+        self.children[parent].append(i)
+        return i
+
+    def child_tokens(self, node: int) -> list[int]:
+        return [int(self.tokens[c]) for c in self.children[node]]
+
+    def child_with_token(self, node: int, token: int) -> int:
+        for c in self.children[node]:
+            if self.tokens[c] == token:
+                return c
+        return -1
+
+    def path_tokens(self, node: int) -> list[int]:
+        """Tokens from the root's first child down to `node` (the root itself excluded)."""
+        out: list[int] = []
+        while node > 0:
+            out.append(int(self.tokens[node]))
+            node = int(self.parent[node])
+        out.reverse()
+        return out
+
+    def layout(self) -> TreeLayout:
+        """One sequence id per leaf; a node carries the ids of all leaves below it."""
+        n = self.n
+        leaves = [i for i in range(n) if not self.children[i]]
+        leaf_seq = {leaf: s for s, leaf in enumerate(leaves)}
+        sets: list[list[int]] = [[] for _ in range(n)]
+        for leaf, s in leaf_seq.items():
+            sets[leaf].append(s)
+        for i in range(n - 1, 0, -1):  # children come after parents: one reverse pass
+            sets[int(self.parent[i])].extend(sets[i])
+        return TreeLayout(
+            depth=self.depth[:n].copy(),
+            seq_ids=tuple(tuple(sorted(s)) for s in sets),
+            leaf_seq=leaf_seq,
+        )
+
+    def first_leaf_below(self, node: int) -> int:
+        while self.children[node]:
+            node = self.children[node][0]
+        return node
