@@ -29,10 +29,11 @@ class Dist:
         return float(self.probs[hit[0]]) if hit.size else 0.0
 
     def sample(self, rng: np.random.Generator) -> int:
-        return int(self.ids[_draw(self.probs, rng)])
+        return int(self.ids[draw_index(self.probs, rng)])
 
 
-def _draw(probs: np.ndarray, rng: np.random.Generator) -> int:
+def draw_index(probs: np.ndarray, rng: np.random.Generator) -> int:
+    """Index i with probability probs[i] / probs.sum()."""
     cdf = np.cumsum(probs)
     i = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
     return min(i, probs.size - 1)
@@ -84,3 +85,17 @@ def process_full_sort(row: np.ndarray, params: SamplingParams) -> Dist:
         ids, probs = ids[:cut], probs[:cut]
         probs = probs / probs.sum()
     return Dist(ids.astype(np.int64), probs)
+
+
+def top_dist(row: np.ndarray, k: int) -> Dist:
+    """The k most likely tokens with their full-softmax probabilities (not renormalised to 1).
+
+    Greedy drafting ranks candidates by these; sampling uses `process` instead.
+    """
+    k = min(k, row.shape[0])
+    ids = np.argpartition(row, row.shape[0] - k)[row.shape[0] - k:]
+    top = row[ids].astype(np.float64)
+    order = np.argsort(-top, kind="stable")
+    ids, top = ids[order], top[order]
+    log_z = top[0] + np.log(np.exp(row.astype(np.float64) - top[0]).sum())
+    return Dist(ids.astype(np.int64), np.exp(top - log_z))

@@ -1,0 +1,37 @@
+# Two commands for a fresh machine (README): `make chat` and `make test`.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+MODELS ?= $(HOME)/.cache/localspec-bench
+
+.PHONY: install chat test test-fast bench-models wheel clean
+
+$(VENV)/.installed: pyproject.toml packaging/build-llama-wheel.sh
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# CPU build of torch: the local 2.13.0 file where it exists, else PyTorch's CPU index
+	$(BIN)/pip install -q "torch==2.13.0" || $(BIN)/pip install -q torch --index-url https://download.pytorch.org/whl/cpu
+	$(BIN)/pip install -q "$$(PYTHON=$(BIN)/python packaging/build-llama-wheel.sh)"
+	$(BIN)/pip install -q -e ".[test]"
+	touch $@
+
+install: $(VENV)/.installed
+
+bench-models:
+	tools/fetch-bench-models $(MODELS)
+
+chat: install bench-models
+	$(BIN)/localspec chat --model $(MODELS)/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf \
+		--draft $(MODELS)/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf
+
+test: install bench-models
+	LOCALSPEC_BENCH_MODELS=$(MODELS) $(BIN)/python -m pytest -q -rs
+
+test-fast: install
+	$(BIN)/python -m pytest -q -m "not real_pair"
+
+wheel:
+	$(BIN)/python -m build --outdir dist .
+
+clean:
+	rm -rf $(VENV) dist build .cache

@@ -1,0 +1,127 @@
+"""The `localspec` command line. Each subcommand is one small function over the engine.
+
+Errors a user can cause arrive as LocalspecError and are printed as title / cause / fix with exit
+status 2, never as a traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+from localspec.engine.errors import LocalspecError
+
+# Generation never touches the network: keep the hub client offline in this process.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+def _version() -> str:
+    try:
+        return version("localspec")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+def _model_path(value: str, what: str) -> Path:
+    path = Path(value).expanduser()
+    if path.exists():
+        return path
+    raise LocalspecError(f"{what} not found", f"'{value}' is not an existing file or folder",
+                         "Pass the path of a .gguf file (a transformers folder for a PyTorch "
+                         "draft); named models arrive with `localspec pull`")
+
+
+def _add_generate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("generate", help="generate text from a prompt (argument or stdin)")
+    p.add_argument("prompt", nargs="?", help="the prompt; read from stdin when omitted")
+    p.add_argument("--model", required=True, help="target model: a .gguf file")
+    p.add_argument("--draft", help="draft model: a .gguf file (llama.cpp) or a transformers folder (PyTorch)")
+    p.add_argument("--no-speculation", action="store_true", help="plain decoding, one token per target call")
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--raw", action="store_true", help="plain completion, without the chat template")
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--stats", action="store_true", help="print speculation statistics to stderr")
+    p.add_argument("--json", action="store_true", help="print one JSON object at the end instead of streaming")
+    p.add_argument("--ctx", type=int, default=4096, help="context size in tokens")
+    p.add_argument("--tree-nodes", type=int, default=16, help="draft tree budget per round")
+    p.add_argument("--gpu-layers", type=int, default=-1, help="layers to offload to the GPU (-1 all)")
+    p.set_defaults(run=cmd_generate)
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from localspec.engine.config import SamplingParams, TreeBudget
+    from localspec.engine.session import EngineConfig, Session
+
+    prompt = args.prompt if args.prompt is not None else sys.stdin.read()
+    if not prompt.strip():
+        raise LocalspecError("Empty prompt", "no prompt argument and nothing on stdin",
+                             'Pass a prompt: localspec generate "..." --model M, or pipe one in')
+    if args.max_tokens < 1:
+        raise LocalspecError("Bad --max-tokens", f"{args.max_tokens}", "Use a positive number")
+    try:
+        sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k,
+                                  top_p=args.top_p, seed=args.seed)
+    except ValueError as err:
+        raise LocalspecError("Bad sampling option", str(err),
+                             "Use --temperature >= 0, 0 < --top-p <= 1, --top-k >= 0") from None
+    cfg = EngineConfig(model=_model_path(args.model, "Model"),
+                       draft=_model_path(args.draft, "Draft model") if args.draft else None,
+                       speculation=not args.no_speculation, n_ctx=args.ctx,
+                       n_gpu_layers=args.gpu_layers, budget=TreeBudget(max_nodes=args.tree_nodes))
+    session = Session(cfg)
+    try:
+        tokens = (session.raw_prompt(prompt) if args.raw
+                  else session.chat_prompt([{"role": "user", "content": prompt}]))
+        stream = session.generate(tokens, max_tokens=args.max_tokens, sampling=sampling,
+                                  stop=args.stop)
+        while True:
+            try:
+                piece = next(stream)
+            except StopIteration as done:
+                result = done.value
+                break
+            if not args.json:
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+        if args.json:
+            json.dump({"text": result.text, "tokens": result.tokens,
+                       "finish_reason": result.finish_reason, "stats": result.stats.to_dict()},
+                      sys.stdout)
+        sys.stdout.write("\n")
+        if args.stats:
+            print(result.stats.summary(), file=sys.stderr)
+    finally:
+        session.close()
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="localspec", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"localspec {_version()}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_generate(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except LocalspecError as err:
+        print(err.render(), file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

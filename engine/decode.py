@@ -1,0 +1,139 @@
+"""The decode loop: propose -> verify -> accept -> commit -> emit, one round per target call.
+
+A round grows one draft tree through the stages (cheapest first), verifies it in a single target
+decode, walks the accepted path (greedy or rejection sampling), commits that path in the target's
+cache and tells every drafter what was committed. Plain decoding is the same loop with no stages:
+a tree of just the root, one token per call, so both modes share every line of the exact path.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from .config import GenerationRequest, SamplingParams, TreeBudget
+from .drafters.base import Drafter
+from .errors import LocalspecError
+from .stats import DecodeStats, StageStats
+from .target import Target
+from .text import TextStream
+from .tree import DraftTree
+from .verify import Walk, greedy_walk, sample_walk
+
+
+@dataclass
+class Generation:
+    """What a finished generation returns; `text` and `tokens` exclude the prompt."""
+
+    text: str = ""
+    tokens: list[int] = field(default_factory=list)
+    finish_reason: str = ""          # "stop" (EOS or stop string), "length", "context"
+    stats: DecodeStats | None = None
+
+
+class Engine:
+    def __init__(self, target: Target, stages: Sequence[Drafter] = (),
+                 budget: TreeBudget = TreeBudget()) -> None:
+        for d in stages:
+            vocab = getattr(d, "vocab_size", None)
+            if vocab is not None and vocab != target.vocab_size:
+                raise LocalspecError("Draft vocabulary does not match the target",
+                                     f"draft '{d.name}' has {vocab} tokens, the target has "
+                                     f"{target.vocab_size}",
+                                     "Use a draft from the target's model family "
+                                     "(same tokenizer), or run with --no-speculation")
+        self.target = target
+        self.stages = list(stages)
+        self.budget = budget
+        self._tree = DraftTree(capacity=max(2, budget.max_nodes + 1))
+
+    def generate(self, request: GenerationRequest) -> Iterator[str]:
+        """Stream text pieces; the generator's return value is the Generation."""
+        prompt = list(request.tokens)
+        if not prompt:
+            raise LocalspecError("Empty prompt", "the prompt has no tokens", "Pass some text")
+        stats = DecodeStats(stages=[StageStats(d.name) for d in self.stages],
+                            prompt_tokens=len(prompt))
+        result = Generation(stats=stats)
+        sampling = request.sampling
+        rng = np.random.default_rng(sampling.seed)
+        stream = TextStream(self.target.model.piece, request.stop)
+        clock = stats.seconds
+
+        t0 = time.perf_counter()
+        self.target.reset()
+        self.target.prefill(prompt[:-1])
+        for d in self.stages:
+            d.begin(prompt)
+        clock["prefill"] += time.perf_counter() - t0
+
+        tree = self._tree
+        root = prompt[-1]
+        while True:
+            if self.target.room < 2:
+                result.finish_reason = "context"
+                break
+            t = time.perf_counter()
+            tree.reset(root)
+            self._propose(tree, sampling, rng)
+            t1 = time.perf_counter()
+            rows = self.target.verify(tree)
+            t2 = time.perf_counter()
+            walk = self._walk(tree, rows, sampling, rng)
+            t3 = time.perf_counter()
+            self.target.commit(tree, walk.path)
+            t4 = time.perf_counter()
+            stats.record_round(tree, walk.path)
+            new = [int(tree.tokens[n]) for n in walk.path] + [walk.token]
+            text, emitted, reason = self._emit(new, result, stream, request.max_tokens)
+            stats.tokens = len(result.tokens)
+            stats.drafted_tokens += min(len(walk.path), emitted)
+            for d in self.stages:
+                d.accept(new)
+            t5 = time.perf_counter()
+            clock["propose"] += t1 - t
+            clock["verify"] += t2 - t1
+            clock["accept"] += (t3 - t2) + (t5 - t4)
+            clock["commit"] += t4 - t3
+            if reason:
+                text += stream.flush()
+            if text:
+                result.text += text
+                yield text
+            if reason:
+                result.finish_reason = reason
+                break
+            root = walk.token
+        return result
+
+    def _emit(self, new: list[int], result: Generation, stream: TextStream,
+              max_tokens: int) -> tuple[str, int, str]:
+        """Append committed tokens to the result until a stop; (text, tokens emitted, reason)."""
+        out: list[str] = []
+        for n, token in enumerate(new):
+            if self.target.model.is_eog(token):
+                return "".join(out), n, "stop"
+            result.tokens.append(token)
+            out.append(stream.feed(token))
+            if stream.stopped:
+                return "".join(out), n + 1, "stop"
+            if len(result.tokens) >= max_tokens:
+                return "".join(out), n + 1, "length"
+        return "".join(out), len(new), ""
+
+    def _propose(self, tree: DraftTree, sampling: SamplingParams, rng: np.random.Generator) -> None:
+        room = min(self.budget.max_nodes, self.target.room - 1, tree.capacity - 1)
+        for stage, d in enumerate(self.stages):
+            budget = room - (tree.n - 1)
+            if budget <= 0:
+                break
+            d.propose(tree, stage, budget, sampling, rng)
+
+    @staticmethod
+    def _walk(tree: DraftTree, rows: np.ndarray, sampling: SamplingParams,
+              rng: np.random.Generator) -> Walk:
+        if sampling.greedy:
+            return greedy_walk(tree, rows)
+        return sample_walk(tree, rows, sampling, rng)

@@ -1,0 +1,120 @@
+"""A GGUF draft model run by llama.cpp in its own context: the draft for CPU-only machines.
+
+It grows trees best-first through `grow`, evaluating each layer of the tree in one batch. Tree
+nodes live in sequences 1.. of the draft's own cache (the committed context is sequence 0): a node
+extends its parent's sequence when it is the first child to do so, otherwise it starts a new one
+from a copy of the parent's path. After each round the tree sequences are dropped; committed
+tokens are fed again at the next root evaluation, together with the new root.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from ..config import SamplingParams
+from ..distribution import Dist, process, top_dist
+from ..errors import LocalspecError
+from ..llama_model import LlamaModel
+from ..tree import DraftTree
+from .grow import GrowLimits, grow
+
+
+@dataclass(frozen=True)
+class DraftLimits:
+    max_depth: int = 8
+    branching: int = 2
+    width: int = 4
+
+
+class LlamaDraft:
+    name = "gguf-draft"
+
+    def __init__(self, model: LlamaModel, limits: DraftLimits = DraftLimits()) -> None:
+        self.model = model
+        self.limits = limits
+        self.vocab_size = model.vocab_size
+        self._context: list[int] = []
+        self._cached = 0                    # committed tokens in sequence 0
+        self._seq_of: dict[int, int] = {}   # tree node -> its sequence this round
+        self._claimed: set[int] = set()     # nodes whose sequence a child already extends
+        self._next_seq = 1
+        self._sampling = SamplingParams()
+
+    @classmethod
+    def load(cls, path: str | Path, *, n_ctx: int, max_nodes: int, n_gpu_layers: int = -1,
+             limits: DraftLimits = DraftLimits()) -> "LlamaDraft":
+        return cls(LlamaModel(path, n_ctx=n_ctx, n_seq_max=max_nodes + 2,
+                              n_gpu_layers=n_gpu_layers), limits)
+
+    # ---- Drafter protocol --------------------------------------------------------------------
+    def begin(self, context: Sequence[int]) -> None:
+        if len(context) + 1 > self.model.n_ctx:
+            raise LocalspecError("Prompt is longer than the draft's context",
+                                 f"{len(context)} tokens, draft context {self.model.n_ctx}",
+                                 "Shorten the prompt or raise --ctx")
+        self.model.clear()
+        self._context = list(context)
+        self._cached = 0
+
+    def propose(self, tree: DraftTree, stage: int, budget: int, sampling: SamplingParams,
+                rng: np.random.Generator) -> None:
+        room = self.model.n_ctx - len(self._context) - 1
+        limits = GrowLimits(budget=min(budget, room, self.model.n_seq_max - 2),
+                            max_depth=self.limits.max_depth, branching=self.limits.branching,
+                            width=self.limits.width)
+        self._sampling = sampling
+        try:
+            grow(tree, stage, limits, sampling, rng, self)
+        finally:
+            self.rollback()
+
+    def accept(self, tokens: Sequence[int]) -> None:
+        self._context.extend(tokens)
+
+    def close(self) -> None:
+        self.model.close()
+
+    # ---- TreeEvaluator -----------------------------------------------------------------------
+    def _dist(self, row: np.ndarray) -> Dist:
+        if self._sampling.greedy:
+            return top_dist(row, self.limits.branching)
+        return process(row, self._sampling)
+
+    def evaluate_root(self, tree: DraftTree) -> Dist:
+        todo = self._context[self._cached:]   # always holds at least the root
+        self.model.prefill(todo, self._cached)
+        self._cached = len(self._context)
+        self._seq_of = {0: 0}
+        self._claimed = set()
+        self._next_seq = 1
+        return self._dist(self.model.logits()[-1])
+
+    def evaluate(self, tree: DraftTree, nodes: Sequence[int]) -> list[Dist]:
+        root_pos = self._cached - 1
+        seqs = []
+        for node in nodes:
+            parent = int(tree.parent[node])
+            pseq = self._seq_of[parent]
+            if parent != 0 and parent not in self._claimed:
+                seq = pseq                        # extend the parent's own path
+            else:                                 # a new path: copy context + path to parent
+                seq = self._next_seq
+                self._next_seq += 1
+                self.model.seq_cp(pseq, seq, -1, root_pos + int(tree.depth[parent]) + 1)
+            self._claimed.add(parent)
+            self._seq_of[node] = seq
+            seqs.append((seq,))
+        pos = root_pos + tree.depth[list(nodes)]
+        self.model.decode(tree.tokens[list(nodes)], pos, seqs, logits=True)
+        rows = self.model.logits()
+        return [self._dist(rows[i]) for i in range(len(nodes))]
+
+    def rollback(self) -> None:
+        for seq in range(1, self._next_seq):
+            self.model.seq_rm(seq, -1, -1)
+        self._next_seq = 1
+        self._seq_of = {0: 0}
+        self._claimed = set()

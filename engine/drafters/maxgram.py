@@ -1,0 +1,79 @@
+"""Max-Gram: propose what followed the longest earlier occurrence of the context's suffix.
+
+Cascade Speculative Drafting's statistical drafter. Costless next to any model call, and strong on
+code edits and repeated material. An index maps every n-gram (n <= max_n) to the positions right
+after its occurrences, updated incrementally as tokens are committed; proposing looks up the longest
+suffix that occurred before and copies the continuation of its most recent occurrences, one chain
+per distinct next token. It has no distribution q, so its children are deterministic (the verifier's
+exact-match rule).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from ..config import SamplingParams
+from ..tree import DraftTree
+
+
+@dataclass(frozen=True)
+class MaxGramLimits:
+    max_n: int = 8        # longest suffix looked up
+    min_n: int = 1        # shortest suffix worth trusting
+    max_depth: int = 8    # tokens copied per chain
+    branching: int = 2    # distinct continuations (chains) proposed
+
+
+class MaxGram:
+    name = "maxgram"
+
+    def __init__(self, limits: MaxGramLimits = MaxGramLimits()) -> None:
+        self.limits = limits
+        self._tokens: list[int] = []
+        self._follow: dict[tuple[int, ...], list[int]] = {}  # n-gram -> positions right after it
+
+    def begin(self, context: Sequence[int]) -> None:
+        self._tokens = []
+        self._follow = {}
+        self.accept(context)
+
+    def accept(self, tokens: Sequence[int]) -> None:
+        toks, max_n = self._tokens, self.limits.max_n
+        for token in tokens:
+            # index the n-grams ending just before this token: they are followed by it
+            end = len(toks)
+            for n in range(1, min(max_n, end) + 1):
+                self._follow.setdefault(tuple(toks[end - n:end]), []).append(end)
+            toks.append(int(token))
+
+    def propose(self, tree: DraftTree, stage: int, budget: int, sampling: SamplingParams,
+                rng: np.random.Generator) -> None:
+        toks, lim = self._tokens, self.limits
+        end = len(toks)
+        for n in range(min(lim.max_n, end), lim.min_n - 1, -1):
+            starts = self._follow.get(tuple(toks[end - n:end]))
+            if starts:
+                break
+        else:
+            return
+        seen: set[int] = set()
+        for start in reversed(starts):             # most recent occurrence first
+            if budget <= 0 or len(seen) >= lim.branching:
+                break
+            if start >= end or toks[start] in seen:
+                continue
+            seen.add(toks[start])
+            node = 0
+            for tok in toks[start:start + lim.max_depth]:
+                child = tree.child_with_token(node, tok)
+                if child < 0:
+                    if budget <= 0:
+                        break
+                    child = tree.add(node, tok, 0.0, stage)
+                    budget -= 1
+                node = child
+
+    def close(self) -> None:
+        self._tokens, self._follow = [], {}

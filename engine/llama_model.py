@@ -1,0 +1,211 @@
+"""A GGUF model in llama.cpp through llama-cpp-python's low-level API: one model, one context.
+
+Both the target and the GGUF draft use it. What the rest of the engine needs from llama.cpp is
+small: tokenize and detokenize, decode a batch whose tokens each carry a set of sequence ids, read
+logits as zero-copy numpy views of llama.cpp's buffer, and the memory's sequence operations. The
+context uses a unified KV cache so a token shared by several tree paths is stored once and tagged
+with every path's sequence id. llama.cpp's log goes into a ring buffer, quoted in errors.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+from collections import deque
+from pathlib import Path
+from typing import Sequence
+
+import llama_cpp as lc
+import numpy as np
+
+from localspec.models.gguf_file import GGUFInfo, read_gguf
+
+from .errors import LocalspecError
+
+_LOG: deque[str] = deque(maxlen=50)
+
+
+@lc.llama_log_callback
+def _log_to_buffer(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    if level in (2, 3) and text:  # warnings and errors
+        _LOG.append(text.decode("utf-8", errors="replace").strip())
+
+
+lc.llama_log_set(_log_to_buffer, ctypes.c_void_p(0))
+lc.llama_backend_init()
+
+
+def last_log() -> str:
+    return " | ".join(line for line in list(_LOG)[-3:] if line) or "no message from llama.cpp"
+
+
+def gpu_offload_supported() -> bool:
+    return bool(lc.llama_supports_gpu_offload())
+
+
+def default_threads() -> int:
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+
+
+class LlamaModel:
+    """Owns a llama.cpp model and context; close() frees them."""
+
+    def __init__(self, path: str | Path, *, n_ctx: int = 4096, n_batch: int = 512,
+                 n_seq_max: int = 64, n_gpu_layers: int = -1, n_threads: int | None = None) -> None:
+        self.info: GGUFInfo = read_gguf(path)
+        self.path = self.info.path
+        mparams = lc.llama_model_default_params()
+        mparams.n_gpu_layers = n_gpu_layers if gpu_offload_supported() else 0
+        self._model = lc.llama_model_load_from_file(str(self.path).encode(), mparams)
+        if not self._model:
+            raise LocalspecError("llama.cpp could not load the model",
+                                 f"'{self.path}': {last_log()}",
+                                 "Check the file is a complete GGUF of an architecture this "
+                                 "llama.cpp supports; re-download it if unsure")
+        self.n_gpu_layers = mparams.n_gpu_layers
+        self._vocab = lc.llama_model_get_vocab(self._model)
+        self.vocab_size = lc.llama_vocab_n_tokens(self._vocab)
+        self.n_ctx_train = lc.llama_model_n_ctx_train(self._model)
+        cparams = lc.llama_context_default_params()
+        cparams.n_ctx = n_ctx
+        cparams.n_batch = n_batch
+        cparams.n_ubatch = n_batch
+        cparams.n_seq_max = n_seq_max
+        cparams.kv_unified = True
+        cparams.no_perf = True
+        threads = n_threads or default_threads()
+        cparams.n_threads = threads
+        cparams.n_threads_batch = threads
+        self._ctx = lc.llama_init_from_model(self._model, cparams)
+        if not self._ctx:
+            lc.llama_model_free(self._model)
+            raise LocalspecError("llama.cpp could not create a context",
+                                 f"n_ctx={n_ctx}: {last_log()}",
+                                 "Lower --ctx, or free memory (close other model runs)")
+        self.n_ctx = lc.llama_n_ctx(self._ctx)
+        self.n_batch = n_batch
+        self.n_seq_max = n_seq_max
+        self._mem = lc.llama_get_memory(self._ctx)
+        self._batch = lc.llama_batch_init(n_batch, 0, n_seq_max)
+        cap = n_batch
+        self._tok = np.ctypeslib.as_array(self._batch.token, shape=(cap,))     # [cap] int32
+        self._pos = np.ctypeslib.as_array(self._batch.pos, shape=(cap,))       # [cap] int32
+        self._nseq = np.ctypeslib.as_array(self._batch.n_seq_id, shape=(cap,))  # [cap] int32
+        self._out = np.ctypeslib.as_array(self._batch.logits, shape=(cap,))     # [cap] int8
+        self._seq = [np.ctypeslib.as_array(self._batch.seq_id[i], shape=(n_seq_max,)) for i in range(cap)]
+        self._n_outputs = 0
+        self._piece = ctypes.create_string_buffer(256)
+
+    # ---- vocabulary -------------------------------------------------------------------------
+    def tokenize(self, text: str, *, special: bool = True, add_bos: bool | None = None) -> list[int]:
+        raw = text.encode("utf-8")
+        add = lc.llama_vocab_get_add_bos(self._vocab) if add_bos is None else add_bos
+        cap = len(raw) + 16
+        buf = (lc.llama_token * cap)()
+        n = lc.llama_tokenize(self._vocab, raw, len(raw), buf, cap, add, special)
+        if n < 0:
+            cap = -n
+            buf = (lc.llama_token * cap)()
+            n = lc.llama_tokenize(self._vocab, raw, len(raw), buf, cap, add, special)
+        return list(buf[:n])
+
+    def piece(self, token: int, *, special: bool = False) -> bytes:
+        n = lc.llama_token_to_piece(self._vocab, token, self._piece, len(self._piece), 0, special)
+        if n < 0:
+            big = ctypes.create_string_buffer(-n)
+            n = lc.llama_token_to_piece(self._vocab, token, big, -n, 0, special)
+            return big.raw[:n]
+        return self._piece.raw[:n]
+
+    def token_text(self, token: int) -> str:
+        return lc.llama_vocab_get_text(self._vocab, token).decode("utf-8", errors="replace")
+
+    def is_eog(self, token: int) -> bool:
+        return bool(lc.llama_vocab_is_eog(self._vocab, token))
+
+    def special_token(self, which: str) -> int:
+        return int({"bos": lc.llama_vocab_bos, "eos": lc.llama_vocab_eos,
+                    "eot": lc.llama_vocab_eot}[which](self._vocab))
+
+    def meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(1 << 16)
+        n = lc.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
+        if n < 0:
+            return None
+        if n >= len(buf):
+            buf = ctypes.create_string_buffer(n + 1)
+            lc.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", errors="replace")
+
+    # ---- decoding ---------------------------------------------------------------------------
+    def decode(self, tokens: Sequence[int] | np.ndarray, positions: Sequence[int] | np.ndarray,
+               seq_ids: Sequence[Sequence[int]] | None = None, *, logits: bool | np.ndarray = True) -> None:
+        """Decode one batch (<= n_batch tokens). seq_ids None: every token in sequence 0.
+
+        logits: True for every token, False for the last only, or a bool mask.
+        """
+        n = len(tokens)
+        if n == 0 or n > self.n_batch:
+            raise ValueError(f"batch of {n} tokens (1..{self.n_batch} allowed)")
+        self._tok[:n] = tokens
+        self._pos[:n] = positions
+        if seq_ids is None:
+            self._nseq[:n] = 1
+            for i in range(n):
+                self._seq[i][0] = 0
+        else:
+            for i, ids in enumerate(seq_ids):
+                self._nseq[i] = len(ids)
+                self._seq[i][:len(ids)] = ids
+        if logits is True:
+            self._out[:n] = 1
+        elif logits is False:
+            self._out[:n] = 0
+            self._out[n - 1] = 1
+        else:
+            self._out[:n] = logits
+        self._batch.n_tokens = n
+        rc = lc.llama_decode(self._ctx, self._batch)
+        if rc != 0:
+            raise LocalspecError("llama.cpp decode failed", f"code {rc}: {last_log()}",
+                                 "The context is probably full: start a new conversation or "
+                                 "raise --ctx")
+        self._n_outputs = int(self._out[:n].sum())
+
+    def logits(self) -> np.ndarray:
+        """[n_outputs, vocab] float32: a zero-copy view, valid until the next decode."""
+        ptr = lc.llama_get_logits(self._ctx)
+        return np.ctypeslib.as_array(ptr, shape=(self._n_outputs, self.vocab_size))
+
+    def prefill(self, tokens: Sequence[int], start: int, seq: int = 0) -> None:
+        """Decode tokens at positions start.. in sequence `seq`, in n_batch chunks; last row kept."""
+        for lo in range(0, len(tokens), self.n_batch):
+            chunk = tokens[lo:lo + self.n_batch]
+            pos = np.arange(start + lo, start + lo + len(chunk), dtype=np.int32)
+            self.decode(chunk, pos, [(seq,)] * len(chunk) if seq else None, logits=False)
+
+    # ---- memory (KV cache) sequence operations ----------------------------------------------
+    def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> None:
+        if not lc.llama_memory_seq_rm(self._mem, seq, p0, p1):
+            raise RuntimeError(f"llama.cpp refused to remove seq {seq} [{p0}, {p1})")
+
+    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        lc.llama_memory_seq_cp(self._mem, src, dst, p0, p1)
+
+    def seq_keep(self, seq: int) -> None:
+        lc.llama_memory_seq_keep(self._mem, seq)
+
+    def seq_pos_max(self, seq: int) -> int:
+        return int(lc.llama_memory_seq_pos_max(self._mem, seq))
+
+    def clear(self) -> None:
+        lc.llama_memory_clear(self._mem, True)
+
+    def close(self) -> None:
+        if getattr(self, "_ctx", None):
+            lc.llama_batch_free(self._batch)
+            lc.llama_free(self._ctx)
+            lc.llama_model_free(self._model)
+            self._ctx = None
+
+    def __del__(self) -> None:
+        self.close()

@@ -1,0 +1,119 @@
+"""Load a target and its drafters from paths, and turn user input into generation requests.
+
+The one place that decides which drafter runs a draft path: a .gguf file runs in llama.cpp (the
+right draft on CPU-only machines), a transformers folder in PyTorch. Stages run cheapest first:
+Max-Gram, then the neural draft, which adopts and extends the nodes Max-Gram proposed.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Sequence
+
+from .chat import render_chat
+from .config import GenerationRequest, SamplingParams, TreeBudget
+from .decode import Engine, Generation
+from .drafters.base import Drafter
+from .drafters.llama_draft import DraftLimits, LlamaDraft
+from .drafters.maxgram import MaxGram
+from .errors import LocalspecError
+from .llama_model import LlamaModel
+from .target import Target
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: Path
+    draft: Path | None = None
+    speculation: bool = True
+    maxgram: bool = True
+    n_ctx: int = 4096
+    n_gpu_layers: int = -1
+    budget: TreeBudget = field(default_factory=TreeBudget)
+    draft_limits: DraftLimits = field(default_factory=DraftLimits)
+
+
+def _check_same_vocab(target: LlamaModel, draft: LlamaModel) -> None:
+    if draft.vocab_size != target.vocab_size:
+        raise LocalspecError("Draft vocabulary does not match the target",
+                             f"draft '{draft.path.name}' has {draft.vocab_size} tokens, target "
+                             f"'{target.path.name}' has {target.vocab_size}",
+                             "Use a draft from the target's model family (same tokenizer), "
+                             "or run with --no-speculation")
+    step = max(1, target.vocab_size // 997)
+    for token in range(0, target.vocab_size, step):
+        if target.token_text(token) != draft.token_text(token):
+            raise LocalspecError("Draft vocabulary does not match the target",
+                                 f"token {token} is {target.token_text(token)!r} in the target but "
+                                 f"{draft.token_text(token)!r} in the draft (both {target.vocab_size} tokens)",
+                                 "Use a draft from the target's model family (same tokenizer)")
+
+
+def _load_draft(path: Path, target: LlamaModel, cfg: EngineConfig) -> Drafter:
+    path = path.expanduser()
+    if path.is_dir():
+        from .drafters.torch_draft import TorchDraft  # torch is heavy: import only when used
+        draft = TorchDraft.load(path, max_len=cfg.n_ctx, limits=cfg.draft_limits)
+        if draft.vocab_size != target.vocab_size:
+            raise LocalspecError("Draft vocabulary does not match the target",
+                                 f"draft '{path.name}' has {draft.vocab_size} tokens, target "
+                                 f"'{target.path.name}' has {target.vocab_size}",
+                                 "Use a draft from the target's model family (same tokenizer), "
+                                 "or run with --no-speculation")
+        return draft
+    draft = LlamaDraft.load(path, n_ctx=cfg.n_ctx, max_nodes=cfg.budget.max_nodes,
+                            n_gpu_layers=cfg.n_gpu_layers, limits=cfg.draft_limits)
+    _check_same_vocab(target, draft.model)
+    return draft
+
+
+class Session:
+    """A loaded target with its stages; reusable across generations."""
+
+    def __init__(self, cfg: EngineConfig) -> None:
+        self.cfg = cfg
+        n_seq = max(2, cfg.budget.max_nodes + 1) if cfg.speculation else 1
+        self.model = LlamaModel(cfg.model, n_ctx=cfg.n_ctx, n_seq_max=n_seq,
+                                n_gpu_layers=cfg.n_gpu_layers,
+                                n_batch=max(512, cfg.budget.max_nodes + 1))
+        stages: list[Drafter] = []
+        try:
+            if cfg.speculation:
+                if cfg.maxgram:
+                    stages.append(MaxGram())
+                if cfg.draft is not None:
+                    stages.append(_load_draft(cfg.draft, self.model, cfg))
+        except BaseException:
+            self.model.close()
+            raise
+        self.stages = stages
+        self.engine = Engine(Target(self.model), stages, cfg.budget if cfg.speculation else TreeBudget(0))
+
+    def chat_prompt(self, messages: Sequence[dict]) -> list[int]:
+        m = self.model
+        text = render_chat(m.meta("tokenizer.chat_template"), messages,
+                           bos_token=m.token_text(m.special_token("bos")),
+                           eos_token=m.token_text(m.special_token("eos")))
+        return m.tokenize(text, special=True)
+
+    def raw_prompt(self, text: str) -> list[int]:
+        return self.model.tokenize(text, special=False)
+
+    def generate(self, tokens: Sequence[int], *, max_tokens: int = 256,
+                 sampling: SamplingParams = SamplingParams(), stop: Sequence[str] = ()) -> Iterator[str]:
+        return self.engine.generate(GenerationRequest(tuple(tokens), max_tokens, sampling, tuple(stop)))
+
+    def run(self, tokens: Sequence[int], *, max_tokens: int = 256,
+            sampling: SamplingParams = SamplingParams(), stop: Sequence[str] = ()) -> Generation:
+        """Generate to the end without streaming."""
+        gen = self.generate(tokens, max_tokens=max_tokens, sampling=sampling, stop=stop)
+        while True:
+            try:
+                next(gen)
+            except StopIteration as stop:
+                return stop.value
+
+    def close(self) -> None:
+        for d in self.stages:
+            d.close()
+        self.model.close()

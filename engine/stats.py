@@ -1,0 +1,94 @@
+"""Acceptance and timing statistics: first-class output of every generation.
+
+Per stage (drafter): nodes proposed and accepted at each tree depth. Per generation: target calls,
+tokens, tokens per target call, and wall time per phase of the round.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .tree import DraftTree
+
+PHASES = ("prefill", "propose", "verify", "accept", "commit")
+
+
+@dataclass
+class StageStats:
+    name: str
+    proposed: list[int] = field(default_factory=list)   # [depth-1] nodes proposed at that depth
+    accepted: list[int] = field(default_factory=list)   # [depth-1] of those, accepted
+
+    def _grow(self, depth: int) -> None:
+        while len(self.proposed) < depth:
+            self.proposed.append(0)
+            self.accepted.append(0)
+
+    @property
+    def acceptance(self) -> float:
+        total = sum(self.proposed)
+        return sum(self.accepted) / total if total else 0.0
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "proposed": sum(self.proposed), "accepted": sum(self.accepted),
+                "acceptance": round(self.acceptance, 4),
+                "proposed_by_depth": list(self.proposed), "accepted_by_depth": list(self.accepted)}
+
+
+@dataclass
+class DecodeStats:
+    stages: list[StageStats]
+    prompt_tokens: int = 0
+    tokens: int = 0
+    target_calls: int = 0
+    drafted_tokens: int = 0         # emitted tokens that came from drafts
+    seconds: dict[str, float] = field(default_factory=lambda: {p: 0.0 for p in PHASES})
+
+    def record_round(self, tree: DraftTree, path: tuple[int, ...]) -> None:
+        self.target_calls += 1
+        depths, stages = tree.depth[1:tree.n], tree.drafter[1:tree.n]
+        for s, stage in enumerate(self.stages):
+            mine = depths[stages == s]
+            if mine.size:
+                stage._grow(int(mine.max()))
+                counts = np.bincount(mine - 1)
+                for d, c in enumerate(counts):
+                    stage.proposed[d] += int(c)
+        for node in path:
+            stage = self.stages[int(tree.drafter[node])]
+            d = int(tree.depth[node])
+            stage._grow(d)
+            stage.accepted[d - 1] += 1
+
+    @property
+    def decode_seconds(self) -> float:
+        return sum(v for k, v in self.seconds.items() if k != "prefill")
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.decode_seconds if self.decode_seconds else 0.0
+
+    @property
+    def tokens_per_call(self) -> float:
+        return self.tokens / self.target_calls if self.target_calls else 0.0
+
+    def to_dict(self) -> dict:
+        return {"prompt_tokens": self.prompt_tokens, "tokens": self.tokens,
+                "target_calls": self.target_calls,
+                "tokens_per_call": round(self.tokens_per_call, 3),
+                "tokens_per_second": round(self.tokens_per_second, 2),
+                "seconds": {k: round(v, 4) for k, v in self.seconds.items()},
+                "stages": [s.to_dict() for s in self.stages]}
+
+    def summary(self) -> str:
+        lines = [f"{self.tokens} tokens in {self.decode_seconds:.2f}s = {self.tokens_per_second:.1f} tok/s "
+                 f"(prompt {self.prompt_tokens} tokens, prefill {self.seconds['prefill']:.2f}s)",
+                 f"target calls {self.target_calls}, tokens per call {self.tokens_per_call:.2f}"]
+        for s in self.stages:
+            by_depth = " ".join(f"{a}/{p}" for a, p in zip(s.accepted, s.proposed))
+            lines.append(f"  {s.name}: accepted {sum(s.accepted)}/{sum(s.proposed)} "
+                         f"({100 * s.acceptance:.1f}%)  by depth: {by_depth}")
+        t = self.seconds
+        lines.append("  time: " + "  ".join(f"{k} {t[k]:.3f}s" for k in PHASES))
+        return "\n".join(lines)

@@ -1,0 +1,87 @@
+"""The target model: verifies a whole draft tree in ONE llama.cpp decode, then commits one path.
+
+KV layout. The committed context lives in sequence 0 at positions 0..n_past-1. To verify a tree,
+every root-to-leaf path gets a sequence id; the committed context is tagged with all of them
+(`seq_cp`, metadata only in a unified cache) and each tree node carries the ids of the paths through
+it, at position n_past + depth. So each node attends to the context and its own ancestors, nothing
+else. `commit` is the one method that rolls the cache back: it keeps the accepted path (root
+included) as sequence 0 and removes every other tree node, leaving the cache as if only the
+accepted tokens had ever been evaluated.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from .errors import LocalspecError
+from .llama_model import LlamaModel
+from .tree import DraftTree, TreeLayout
+
+
+class Target:
+    def __init__(self, model: LlamaModel) -> None:
+        self.model = model
+        self.n_past = 0                      # committed tokens in the cache (sequence 0)
+        self._layout: TreeLayout | None = None
+        self._pos = np.zeros(model.n_batch, np.int32)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.vocab_size
+
+    @property
+    def max_leaves(self) -> int:
+        return self.model.n_seq_max
+
+    @property
+    def room(self) -> int:
+        """Cache cells left for a tree (the root included)."""
+        return self.model.n_ctx - self.n_past
+
+    def reset(self) -> None:
+        self.model.clear()
+        self.n_past = 0
+        self._layout = None
+
+    def prefill(self, tokens: Sequence[int]) -> None:
+        """Evaluate committed tokens (not the root) into sequence 0."""
+        if self.n_past + len(tokens) + 1 > self.model.n_ctx:
+            raise LocalspecError("Prompt is longer than the context",
+                                 f"{self.n_past + len(tokens) + 1} tokens, context holds {self.model.n_ctx}",
+                                 "Shorten the prompt, or raise the context with --ctx "
+                                 f"(the model was trained for {self.model.n_ctx_train})")
+        if tokens:
+            self.model.prefill(list(tokens), self.n_past)
+            self.n_past += len(tokens)
+
+    def verify(self, tree: DraftTree) -> np.ndarray:
+        """Decode every tree node in one batch; returns [tree.n, vocab] logits (zero-copy view)."""
+        layout = tree.layout()
+        n_paths = len(layout.leaf_seq)
+        if n_paths > self.model.n_seq_max or tree.n > min(self.model.n_batch, self.room):
+            raise ValueError(f"tree of {tree.n} nodes / {n_paths} paths exceeds the target's limits")
+        for seq in range(1, n_paths):
+            self.model.seq_cp(0, seq, -1, -1)
+        pos = self._pos[:tree.n]
+        np.add(layout.depth, self.n_past, out=pos)               # [n] position of each node
+        self.model.decode(tree.tokens[:tree.n], pos, layout.seq_ids, logits=True)
+        self._layout = layout
+        return self.model.logits()
+
+    def commit(self, tree: DraftTree, path: Sequence[int]) -> None:
+        """Keep the root and the accepted `path` (node indices, root excluded) in sequence 0."""
+        layout = self._layout
+        if layout is None:
+            raise RuntimeError("commit() without a verify()")
+        last = path[-1] if path else 0
+        seq = layout.leaf_seq[tree.first_leaf_below(last)]
+        end = self.n_past + int(tree.depth[last])                # position of the last kept node
+        m = self.model
+        m.seq_keep(seq)            # every cell off this path goes, other paths' tags too
+        m.seq_rm(seq, end + 1, -1)  # nodes of this path below the accepted part
+        if seq != 0:
+            m.seq_cp(seq, 0, -1, -1)
+            m.seq_rm(seq, -1, -1)
+        self.n_past = end + 1
+        self._layout = None

@@ -1,0 +1,163 @@
+"""Check a GGUF file before llama.cpp sees it.
+
+llama.cpp answers a truncated or foreign file with a NULL model at best and a GGML_ASSERT that kills
+the process at worst, so localspec reads the header itself: the magic, the metadata, and the tensor
+table, from which the end of the tensor data follows. A file shorter than that is truncated.
+Reading needs no tensor data, so it costs a fraction of a second even for a multi-GB model.
+"""
+from __future__ import annotations
+
+import mmap
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+from localspec.engine.errors import LocalspecError
+
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
+            10: "<Q", 11: "<q", 12: "<d"}
+_STRING, _ARRAY = 8, 9
+# Metadata worth keeping (string arrays such as the vocabulary are kept as a count only).
+_KEEP_ARRAY_LEN = ("tokenizer.ggml.tokens",)
+
+
+@dataclass(frozen=True)
+class GGUFInfo:
+    path: Path
+    version: int
+    architecture: str
+    n_tensors: int
+    vocab_size: int
+    data_end: int          # bytes the file must have
+    file_size: int
+    metadata: dict         # scalar and string metadata
+
+
+class _Reader:
+    def __init__(self, buf: mmap.mmap | bytes, path: Path) -> None:
+        self.buf, self.pos, self.path = buf, 0, path
+
+    def take(self, fmt: str):
+        size = struct.calcsize(fmt)
+        if self.pos + size > len(self.buf):
+            raise _Truncated()
+        (value,) = struct.unpack_from(fmt, self.buf, self.pos)
+        self.pos += size
+        return value
+
+    def string(self) -> str:
+        n = self.take("<Q")
+        if self.pos + n > len(self.buf):
+            raise _Truncated()
+        raw = bytes(self.buf[self.pos:self.pos + n])
+        self.pos += n
+        return raw.decode("utf-8", errors="replace")
+
+    def value(self, vtype: int, keep: bool = True):
+        if vtype in _SCALARS:
+            return self.take(_SCALARS[vtype])
+        if vtype == _STRING:
+            return self.string()
+        if vtype == _ARRAY:
+            itype, n = self.take("<I"), self.take("<Q")
+            if itype in _SCALARS and itype != 7:
+                size = struct.calcsize(_SCALARS[itype]) * n
+                if self.pos + size > len(self.buf):
+                    raise _Truncated()
+                self.pos += size
+                return n
+            for _ in range(n):
+                self.value(itype, keep=False)
+            return n
+        raise _Corrupt(f"unknown metadata value type {vtype}")
+
+
+class _Truncated(Exception):
+    pass
+
+
+class _Corrupt(Exception):
+    pass
+
+
+def _fix_for(path: Path) -> str:
+    return (f"Re-download the model (localspec pull NAME) or point --model at a complete .gguf "
+            f"file; '{path}' cannot be used")
+
+
+def read_gguf(path: str | Path) -> GGUFInfo:
+    """Validate `path` as a complete GGUF file; raise LocalspecError naming the problem."""
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise LocalspecError("Model file not found", f"'{path}' does not exist",
+                             "Check the path, or run: localspec pull qwen2.5-coder-1.5b")
+    if not path.is_file():
+        raise LocalspecError("Model path is not a file", f"'{path}' is a directory or special file",
+                             "Pass the .gguf file itself")
+    size = path.stat().st_size
+    with path.open("rb") as fh:
+        head = fh.read(4)
+        if head != b"GGUF":
+            raise LocalspecError("Not a GGUF model file",
+                                 f"'{path}' starts with {head!r}, not the GGUF magic b'GGUF'",
+                                 "localspec runs GGUF models; convert it with llama.cpp's "
+                                 "convert_hf_to_gguf.py or download a .gguf file")
+        with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+            try:
+                return _parse(_Reader(buf, path), size)
+            except _Truncated:
+                raise LocalspecError("Model file is truncated",
+                                     f"'{path}' ends inside its header ({size} bytes)",
+                                     _fix_for(path)) from None
+            except _Corrupt as err:
+                raise LocalspecError("Model file is corrupt", f"'{path}': {err}",
+                                     _fix_for(path)) from None
+
+
+def _parse(r: _Reader, size: int) -> GGUFInfo:
+    r.pos = 4
+    version = r.take("<I")
+    if version not in (2, 3):
+        raise _Corrupt(f"unsupported GGUF version {version}")
+    n_tensors, n_kv = r.take("<Q"), r.take("<Q")
+    meta: dict = {}
+    vocab = 0
+    for _ in range(n_kv):
+        key = r.string()
+        vtype = r.take("<I")
+        value = r.value(vtype)
+        if vtype != _ARRAY:
+            meta[key] = value
+        elif key in _KEEP_ARRAY_LEN:
+            vocab = int(value)
+    alignment = int(meta.get("general.alignment", 32))
+    end = 0
+    for _ in range(n_tensors):
+        name = r.string()
+        n_dims = r.take("<I")
+        if n_dims > 8:
+            raise _Corrupt(f"tensor '{name}' claims {n_dims} dimensions")
+        n_elems = 1
+        for _ in range(n_dims):
+            n_elems *= r.take("<Q")
+        ttype, offset = r.take("<I"), r.take("<Q")
+        try:
+            block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(ttype)]
+        except (ValueError, KeyError):
+            raise _Corrupt(f"tensor '{name}' has unknown type {ttype}") from None
+        end = max(end, offset + n_elems // block * type_size)
+    data_start = -(-r.pos // alignment) * alignment
+    data_end = data_start + end
+    info = GGUFInfo(path=r.path, version=version, architecture=str(meta.get("general.architecture", "")),
+                    n_tensors=n_tensors, vocab_size=vocab, data_end=data_end, file_size=size,
+                    metadata=meta)
+    if size < data_end:
+        raise LocalspecError("Model file is truncated",
+                             f"'{r.path}' has {size:,} bytes but its tensors need {data_end:,} "
+                             f"({data_end - size:,} missing; an interrupted download?)",
+                             _fix_for(r.path))
+    if vocab == 0:
+        raise _Corrupt("no tokenizer vocabulary (tokenizer.ggml.tokens) in its metadata")
+    return info

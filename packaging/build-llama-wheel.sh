@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Build (or reuse) the llama-cpp-python wheel for this machine's CPU and print its path.
+#
+# Building from source takes ~5-15 min on 2 cores, so the wheel is cached under
+# $LOCALSPEC_WHEEL_CACHE (default ~/.cache/localspec/wheels), keyed by version and CPU flags.
+# CPU build: the instruction sets this CPU has (AVX2/AVX-512/VNNI/...), but never AMX: ggml's AMX
+# path crashed (SIGSEGV in ggml_backend_amx_mul_mat) on the development VMs, which report AMX.
+# CUDA build: LOCALSPEC_CUDA=1 adds -DGGML_CUDA=on (see packaging/README.md).
+set -euo pipefail
+ver=${LLAMA_CPP_PYTHON_VERSION:-0.3.36}
+python=${PYTHON:-python3}
+cache=${LOCALSPEC_WHEEL_CACHE:-$HOME/.cache/localspec/wheels}
+flags=$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || true)
+has() { [[ " $flags " == *" $1 "* ]] && echo ON || echo OFF; }
+args="-DGGML_NATIVE=OFF -DGGML_AVX=$(has avx) -DGGML_AVX2=$(has avx2) -DGGML_FMA=$(has fma)"
+args+=" -DGGML_F16C=$(has f16c) -DGGML_BMI2=$(has bmi2) -DGGML_AVX_VNNI=$(has avx_vnni)"
+args+=" -DGGML_AVX512=$(has avx512f) -DGGML_AVX512_VBMI=$(has avx512vbmi)"
+args+=" -DGGML_AVX512_VNNI=$(has avx512_vnni) -DGGML_AVX512_BF16=$(has avx512_bf16)"
+args+=" -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
+args+=" -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF"
+args+=" -DLLAMA_BUILD_SERVER=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF"
+if [ "${LOCALSPEC_CUDA:-0}" = 1 ]; then args+=" -DGGML_CUDA=on"; fi
+key=$(echo "$ver $args $($python -c 'import sys; print(sys.version_info[:2])')" | sha256sum | cut -c1-12)
+dir="$cache/$key"
+whl=$(ls "$dir"/llama_cpp_python-"$ver"-*.whl 2>/dev/null | head -1 || true)
+if [ -z "$whl" ]; then
+  echo "building llama-cpp-python $ver from source (cached afterwards in $dir) ..." >&2
+  mkdir -p "$dir"
+  tmp=$(mktemp -d "$dir.tmp.XXXX")
+  CMAKE_ARGS="$args" CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
+    $python -m pip wheel -q --no-cache-dir --no-deps --no-binary=llama-cpp-python "llama-cpp-python==$ver" -w "$tmp" >&2
+  mv "$tmp"/llama_cpp_python-*.whl "$dir"/ && rm -rf "$tmp"
+  whl=$(ls "$dir"/llama_cpp_python-"$ver"-*.whl | head -1)
+fi
+echo "$whl"
