@@ -38,6 +38,15 @@ def _model_path(value: str, what: str) -> Path:
 def _add_generate(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("generate", help="generate text from a prompt (argument or stdin)")
     p.add_argument("prompt", nargs="?", help="the prompt; read from stdin when omitted")
+    _add_model_options(p)
+    p.add_argument("--raw", action="store_true", help="plain completion, without the chat template")
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--stats", action="store_true", help="print speculation statistics to stderr")
+    p.add_argument("--json", action="store_true", help="print one JSON object at the end instead of streaming")
+    p.set_defaults(run=cmd_generate)
+
+
+def _add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="target model: a .gguf file")
     p.add_argument("--draft", help="draft model: a .gguf file (llama.cpp) or a transformers folder (PyTorch)")
     p.add_argument("--no-speculation", action="store_true", help="plain decoding, one token per target call")
@@ -46,37 +55,60 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--raw", action="store_true", help="plain completion, without the chat template")
-    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    p.add_argument("--stats", action="store_true", help="print speculation statistics to stderr")
-    p.add_argument("--json", action="store_true", help="print one JSON object at the end instead of streaming")
     p.add_argument("--ctx", type=int, default=4096, help="context size in tokens")
     p.add_argument("--tree-nodes", type=int, default=16, help="draft tree budget per round")
     p.add_argument("--gpu-layers", type=int, default=-1, help="layers to offload to the GPU (-1 all)")
-    p.set_defaults(run=cmd_generate)
+
+
+def _sampling(args: argparse.Namespace):
+    from localspec.engine.config import SamplingParams
+
+    if args.max_tokens < 1:
+        raise LocalspecError("Bad --max-tokens", f"{args.max_tokens}", "Use a positive number")
+    try:
+        return SamplingParams(temperature=args.temperature, top_k=args.top_k,
+                              top_p=args.top_p, seed=args.seed)
+    except ValueError as err:
+        raise LocalspecError("Bad sampling option", str(err),
+                             "Use --temperature >= 0, 0 < --top-p <= 1, --top-k >= 0") from None
+
+
+def _open_session(args: argparse.Namespace):
+    from localspec.engine.config import TreeBudget
+    from localspec.engine.session import EngineConfig, Session
+
+    return Session(EngineConfig(model=_model_path(args.model, "Model"),
+                                draft=_model_path(args.draft, "Draft model") if args.draft else None,
+                                speculation=not args.no_speculation, n_ctx=args.ctx,
+                                n_gpu_layers=args.gpu_layers,
+                                budget=TreeBudget(max_nodes=args.tree_nodes)))
+
+
+def _add_chat(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("chat", help="chat with the model in the terminal (line mode)")
+    _add_model_options(p)
+    p.set_defaults(run=cmd_chat)
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    from localspec.app.repl import chat_loop
+
+    sampling = _sampling(args)
+    session = _open_session(args)
+    try:
+        chat_loop(session, sampling, args.max_tokens)
+    finally:
+        session.close()
+    return 0
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from localspec.engine.config import SamplingParams, TreeBudget
-    from localspec.engine.session import EngineConfig, Session
-
     prompt = args.prompt if args.prompt is not None else sys.stdin.read()
     if not prompt.strip():
         raise LocalspecError("Empty prompt", "no prompt argument and nothing on stdin",
                              'Pass a prompt: localspec generate "..." --model M, or pipe one in')
-    if args.max_tokens < 1:
-        raise LocalspecError("Bad --max-tokens", f"{args.max_tokens}", "Use a positive number")
-    try:
-        sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k,
-                                  top_p=args.top_p, seed=args.seed)
-    except ValueError as err:
-        raise LocalspecError("Bad sampling option", str(err),
-                             "Use --temperature >= 0, 0 < --top-p <= 1, --top-k >= 0") from None
-    cfg = EngineConfig(model=_model_path(args.model, "Model"),
-                       draft=_model_path(args.draft, "Draft model") if args.draft else None,
-                       speculation=not args.no_speculation, n_ctx=args.ctx,
-                       n_gpu_layers=args.gpu_layers, budget=TreeBudget(max_nodes=args.tree_nodes))
-    session = Session(cfg)
+    sampling = _sampling(args)
+    session = _open_session(args)
     try:
         tokens = (session.raw_prompt(prompt) if args.raw
                   else session.chat_prompt([{"role": "user", "content": prompt}]))
@@ -103,11 +135,59 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_bench(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="run decoding configurations side by side and compare them")
+    p.add_argument("--model", required=True, help="target model: a .gguf file")
+    p.add_argument("--draft", help="draft model: a .gguf file")
+    p.add_argument("--workload", default="humaneval", choices=["humaneval", "edit", "chat"])
+    p.add_argument("--limit", type=int, default=None, help="first N problems only")
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--configs", default="plain,maxgram,draft-linear,draft-tree,staged",
+                   help="comma-separated: plain,maxgram,draft-linear,draft-tree,staged")
+    p.add_argument("--ctx", type=int, default=4096)
+    p.add_argument("--out", default="bench-out", help="folder for bench.json and bench.png")
+    p.set_defaults(run=cmd_bench)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from localspec.app import bench, workloads
+    from localspec.engine.session import EngineConfig, Session
+
+    names = [n.strip() for n in args.configs.split(",") if n.strip()]
+    unknown = [n for n in names if n not in bench.CONFIGS]
+    if unknown:
+        raise LocalspecError("Unknown bench configuration", ", ".join(unknown),
+                             f"Choose from: {', '.join(bench.CONFIGS)}")
+    if "plain" not in names:
+        names.insert(0, "plain")   # the baseline every speed-up and 'identical' refers to
+    sampling = _sampling(args)
+    model = _model_path(args.model, "Model")
+    draft = _model_path(args.draft, "Draft model") if args.draft else None
+    probe = Session(EngineConfig(model, speculation=False, n_ctx=args.ctx))
+    try:
+        prompts = workloads.build(args.workload, args.limit, probe.raw_prompt, probe.chat_prompt)
+    finally:
+        probe.close()
+    report = bench.run_bench(model, draft, prompts, names, args.max_tokens, sampling, args.ctx,
+                             progress=lambda line: print(line, file=sys.stderr, flush=True))
+    report["workload"] = args.workload
+    print(bench.format_table(report))
+    for path in bench.write_outputs(report, Path(args.out)):
+        print(f"wrote {path}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="localspec", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"localspec {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_generate(sub)
+    _add_chat(sub)
+    _add_bench(sub)
     return parser
 
 

@@ -1,0 +1,187 @@
+"""`localspec bench`: configurations side by side in ONE run, on one loaded target.
+
+The target and the draft load once; each configuration is an Engine over the same Target with its
+own stage list and tree budget. Every prompt runs through every configuration in turn, so machine
+noise spreads evenly; "identical" compares each configuration's tokens with plain decoding's.
+"""
+from __future__ import annotations
+
+import json
+import platform
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+from localspec.engine.config import GenerationRequest, SamplingParams, TreeBudget
+from localspec.engine.decode import Engine, Generation
+from localspec.engine.drafters.base import Drafter
+from localspec.engine.drafters.llama_draft import DraftLimits, LlamaDraft
+from localspec.engine.drafters.maxgram import MaxGram
+from localspec.engine.llama_model import LlamaModel, default_threads, gpu_offload_supported
+from localspec.engine.session import EngineConfig, Session
+
+from .workloads import Prompt
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    name: str
+    stages: tuple[str, ...]          # "maxgram", "draft"
+    budget: TreeBudget
+    draft_limits: DraftLimits = DraftLimits()
+
+
+CONFIGS = {
+    "plain": BenchConfig("plain", (), TreeBudget(0)),
+    "maxgram": BenchConfig("maxgram", ("maxgram",), TreeBudget(max_nodes=8)),
+    "draft-linear": BenchConfig("draft-linear", ("draft",), TreeBudget(max_nodes=4),
+                                DraftLimits(max_depth=4, branching=1, width=1)),
+    "draft-tree": BenchConfig("draft-tree", ("draft",), TreeBudget(max_nodes=8),
+                              DraftLimits(max_depth=5, branching=2, width=4)),
+    "staged": BenchConfig("staged", ("maxgram", "draft"), TreeBudget(max_nodes=8),
+                          DraftLimits(max_depth=5, branching=2, width=4)),
+}
+
+
+@dataclass
+class ConfigResult:
+    name: str
+    tokens: int = 0
+    seconds: float = 0.0
+    target_calls: int = 0
+    identical: int = 0
+    prompts: int = 0
+    stages: dict[str, dict] = field(default_factory=dict)
+    outputs: list[list[int]] = field(default_factory=list)
+
+    @property
+    def tok_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+    def add(self, gen: Generation, plain_tokens: list[int] | None) -> None:
+        st = gen.stats
+        self.tokens += st.tokens
+        self.seconds += st.decode_seconds
+        self.target_calls += st.target_calls
+        self.prompts += 1
+        self.identical += int(plain_tokens is None or gen.tokens == plain_tokens)
+        self.outputs.append(gen.tokens)
+        for s in st.stages:
+            agg = self.stages.setdefault(s.name, {"proposed": [], "accepted": []})
+            for key, values in (("proposed", s.proposed), ("accepted", s.accepted)):
+                row = agg[key]
+                row.extend([0] * (len(values) - len(row)))
+                for d, v in enumerate(values):
+                    row[d] += v
+
+
+def _engines(target_session: Session, draft_model: LlamaModel | None,
+             names: Sequence[str]) -> dict[str, Engine]:
+    engines = {}
+    for name in names:
+        cfg = CONFIGS[name]
+        stages: list[Drafter] = []
+        for stage in cfg.stages:
+            if stage == "maxgram":
+                stages.append(MaxGram())
+            elif draft_model is not None:
+                stages.append(LlamaDraft(draft_model, cfg.draft_limits))
+        if "draft" in cfg.stages and draft_model is None:
+            continue
+        engines[name] = Engine(target_session.engine.target, stages, cfg.budget)
+    return engines
+
+
+def run_bench(target: Path, draft: Path | None, prompts: Sequence[Prompt], names: Sequence[str],
+              max_tokens: int, sampling: SamplingParams, n_ctx: int,
+              progress: Callable[[str], None] = lambda s: None) -> dict:
+    max_nodes = max(CONFIGS[n].budget.max_nodes for n in names)
+    session = Session(EngineConfig(target, speculation=True, maxgram=False, n_ctx=n_ctx,
+                                   budget=TreeBudget(max_nodes=max_nodes)))
+    draft_model = (LlamaModel(draft, n_ctx=n_ctx, n_seq_max=max_nodes + 2) if draft else None)
+    try:
+        engines = _engines(session, draft_model, names)
+        results = {name: ConfigResult(name) for name in engines}
+        started = time.time()
+        for i, prompt in enumerate(prompts):
+            plain_tokens = None
+            for name, engine in engines.items():
+                request = GenerationRequest(prompt.tokens, max_tokens, sampling)
+                gen = _drain(engine.generate(request))
+                if name == "plain":
+                    plain_tokens = gen.tokens
+                results[name].add(gen, plain_tokens if name != "plain" else None)
+            progress(f"[{i + 1}/{len(prompts)}] {prompt.name}  " + "  ".join(
+                f"{n} {r.tok_s:.1f}" for n, r in results.items()) + " tok/s")
+        return _report(results, target, draft, len(prompts), max_tokens, sampling, time.time() - started,
+                       session.model)
+    finally:
+        if draft_model is not None:
+            draft_model.close()
+        session.close()
+
+
+def _drain(gen) -> Generation:
+    while True:
+        try:
+            next(gen)
+        except StopIteration as stop:
+            return stop.value
+
+
+def _report(results: dict[str, ConfigResult], target: Path, draft: Path | None, n: int,
+            max_tokens: int, sampling: SamplingParams, wall: float, model: LlamaModel) -> dict:
+    base = results.get("plain")
+    rows = []
+    for r in results.values():
+        acc = {name: {"acceptance": round(sum(s["accepted"]) / max(1, sum(s["proposed"])), 4),
+                      "accepted_by_depth": s["accepted"], "proposed_by_depth": s["proposed"]}
+               for name, s in r.stages.items()}
+        rows.append({"config": r.name, "tok_s": round(r.tok_s, 2),
+                     "speedup": round(r.tok_s / base.tok_s, 3) if base and base.tok_s else None,
+                     "tokens": r.tokens, "seconds": round(r.seconds, 2),
+                     "tokens_per_call": round(r.tokens / max(1, r.target_calls), 3),
+                     "identical": f"{r.identical}/{r.prompts}", "stages": acc})
+    return {"machine": {"cpu": platform.processor() or platform.machine(), "threads": default_threads(),
+                        "gpu_offload": gpu_offload_supported(), "gpu_layers": model.n_gpu_layers},
+            "target": str(target), "draft": str(draft) if draft else None, "prompts": n,
+            "max_tokens": max_tokens, "temperature": sampling.temperature, "wall_seconds": round(wall, 1),
+            "rows": rows}
+
+
+def format_table(report: dict) -> str:
+    lines = [f"{report['prompts']} prompts, {report['max_tokens']} max new tokens, "
+             f"T={report['temperature']}, machine: {report['machine']}",
+             f"{'config':<14}{'tok/s':>8}{'speedup':>9}{'tok/call':>10}{'identical':>11}  acceptance",
+             "-" * 80]
+    for r in report["rows"]:
+        acc = "  ".join(f"{k} {100 * v['acceptance']:.0f}%" for k, v in r["stages"].items())
+        sp = f"{r['speedup']:.2f}x" if r["speedup"] is not None else "-"
+        lines.append(f"{r['config']:<14}{r['tok_s']:>8.2f}{sp:>9}{r['tokens_per_call']:>10.2f}"
+                     f"{r['identical']:>11}  {acc}")
+    return "\n".join(lines)
+
+
+def write_outputs(report: dict, out: Path) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / "bench.json"]
+    paths[0].write_text(json.dumps(report, indent=2))
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return paths
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    names = [r["config"] for r in report["rows"]]
+    ax.bar(names, [r["tok_s"] for r in report["rows"]], color="#4a7")
+    ax.set_ylabel("tokens / s")
+    ax.set_title(f"localspec bench: {report['prompts']} prompts, T={report['temperature']}")
+    for i, r in enumerate(report["rows"]):
+        if r["speedup"]:
+            ax.text(i, r["tok_s"], f"{r['speedup']:.2f}x", ha="center", va="bottom")
+    fig.tight_layout()
+    fig.savefig(out / "bench.png", dpi=100)
+    paths.append(out / "bench.png")
+    return paths

@@ -1,0 +1,57 @@
+"""`localspec chat` in line mode: a multi-turn conversation on stdin/stdout.
+
+The Textual chat screen (issue 5) will replace this; until then this is the whole chat: history is
+kept for the session only, replies stream as they are verified, Ctrl-C stops a reply and keeps the
+part already shown.
+"""
+from __future__ import annotations
+
+import sys
+from typing import TextIO
+
+from localspec.engine.config import SamplingParams
+from localspec.engine.session import Session
+
+HELP = "Type a message and press Enter. /reset starts over, /stats shows the last reply's statistics, /quit leaves."
+
+
+def chat_loop(session: Session, sampling: SamplingParams, max_tokens: int,
+              stdin: TextIO = sys.stdin, stdout: TextIO = sys.stdout) -> None:
+    history: list[dict] = []
+    last_stats = None
+    print(HELP, file=stdout)
+    while True:
+        stdout.write("\n> ")
+        stdout.flush()
+        line = stdin.readline()
+        if not line or line.strip() == "/quit":
+            return
+        text = line.strip()
+        if not text:
+            continue
+        if text == "/reset":
+            history.clear()
+            print("(conversation cleared)", file=stdout)
+            continue
+        if text == "/stats":
+            print(last_stats.summary() if last_stats else "(no reply yet)", file=stdout)
+            continue
+        history.append({"role": "user", "content": text})
+        reply = ""
+        stream = session.generate(session.chat_prompt(history), max_tokens=max_tokens, sampling=sampling)
+        try:
+            while True:
+                try:
+                    piece = next(stream)
+                except StopIteration as done:
+                    last_stats = done.value.stats
+                    break
+                reply += piece
+                stdout.write(piece)
+                stdout.flush()
+        except KeyboardInterrupt:
+            stream.close()
+            reply += " [stopped]"
+            stdout.write(" [stopped]")
+        history.append({"role": "assistant", "content": reply})
+        stdout.write("\n")

@@ -1,0 +1,25 @@
+"""Shared fixtures: the tiny real models (built once, cached) and the real reference pair."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tiny_models import TinyModels, build_tiny_models
+
+
+@pytest.fixture(scope="session")
+def tiny() -> TinyModels:
+    return build_tiny_models()
+
+
+@pytest.fixture(scope="session")
+def real_pair() -> tuple[Path, Path]:
+    """The reference pair fetched by tools/fetch-bench-models (make test fetches it)."""
+    root = Path(os.environ.get("LOCALSPEC_BENCH_MODELS", Path.home() / ".cache/localspec-bench"))
+    target = root / "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
+    draft = root / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+    if not (target.exists() and draft.exists()):
+        pytest.skip(f"reference pair not in {root}: run tools/fetch-bench-models {root}")
+    return target, draft

@@ -1,0 +1,88 @@
+"""The target's tree verification and its one rollback method, on the tiny real model.
+
+Invariants: each tree node's logits are those of its own root-to-node path; after commit the cache
+behaves exactly as a fresh evaluation of the accepted tokens (the next token's logits match).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from localspec.engine.llama_model import LlamaModel
+from localspec.engine.target import Target
+from localspec.engine.tree import DraftTree
+
+ATOL = 2e-3   # batch composition changes llama.cpp's float summation order, not the result
+
+
+@pytest.fixture(scope="module")
+def models(tiny):
+    a = LlamaModel(tiny.target_gguf, n_ctx=256, n_seq_max=8, n_threads=1)
+    b = LlamaModel(tiny.target_gguf, n_ctx=256, n_seq_max=1, n_threads=1)
+    yield a, b
+    a.close()
+    b.close()
+
+
+def fresh_logits(model: LlamaModel, tokens: list[int]) -> np.ndarray:
+    """Logits after each of `tokens`, evaluated one at a time into an empty cache."""
+    model.clear()
+    rows = []
+    for i, tok in enumerate(tokens):
+        model.decode([tok], [i])
+        rows.append(model.logits()[0].copy())
+    return np.array(rows)
+
+
+def example_tree(root: int, toks: list[int]) -> DraftTree:
+    t = DraftTree(16)
+    t.reset(root)
+    a = t.add(0, toks[0], 0.0, 0)
+    b = t.add(0, toks[1], 0.0, 0)
+    c = t.add(a, toks[2], 0.0, 0)
+    t.add(a, toks[3], 0.0, 0)
+    d = t.add(b, toks[4], 0.0, 0)
+    t.add(d, toks[5], 0.0, 0)
+    t.add(c, toks[6], 0.0, 0)
+    return t
+
+
+def test_tree_logits_equal_each_paths_own_logits(models, tiny):
+    model, ref = models
+    context = model.tokenize("def add(a, b):\n    return", special=False)
+    target = Target(model)
+    target.reset()
+    target.prefill(context[:-1])
+    tree = example_tree(context[-1], [11, 12, 13, 14, 15, 16, 17])
+    rows = target.verify(tree).copy()
+    for node in range(tree.n):
+        path = context + tree.path_tokens(node)
+        expect = fresh_logits(ref, path)[-1]
+        assert np.argmax(rows[node]) == np.argmax(expect)
+        np.testing.assert_allclose(rows[node], expect, atol=ATOL)
+
+
+@pytest.mark.parametrize("accept", ["none", "first-branch", "second-branch-deep", "leaf"])
+def test_commit_leaves_cache_as_fresh_evaluation(models, accept):
+    model, ref = models
+    context = model.tokenize("for i in range(10):\n", special=False)
+    target = Target(model)
+    target.reset()
+    target.prefill(context[:-1])
+    tree = example_tree(context[-1], [21, 22, 23, 24, 25, 26, 27])
+    target.verify(tree)
+    path = {"none": (), "first-branch": (1, 3), "second-branch-deep": (2, 5, 6),
+            "leaf": (1, 3, 7)}[accept]
+    target.commit(tree, path)
+    kept = context + [int(tree.tokens[n]) for n in path]
+    assert target.n_past == len(kept)
+    assert model.seq_pos_max(0) == len(kept) - 1
+    for seq in range(1, model.n_seq_max):
+        assert model.seq_pos_max(seq) == -1, f"sequence {seq} still holds tree nodes"
+    # continue decoding two tokens as if nothing else ever ran
+    nxt = [31, 32]
+    model.decode(nxt, [target.n_past, target.n_past + 1])
+    got = model.logits().copy()
+    expect = fresh_logits(ref, kept + nxt)[-2:]
+    assert (np.argmax(got, axis=1) == np.argmax(expect, axis=1)).all()
+    np.testing.assert_allclose(got, expect, atol=ATOL)
