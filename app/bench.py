@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-from localspec.engine.config import GenerationRequest, SamplingParams, TreeBudget
+from localspec.engine.config import DraftLimits, GenerationRequest, SamplingParams, TreeBudget
 from localspec.engine.decode import Engine, Generation
 from localspec.engine.drafters.base import Drafter
-from localspec.engine.drafters.llama_draft import DraftLimits, LlamaDraft
+from localspec.engine.drafters.llama_draft import LlamaDraft
 from localspec.engine.drafters.maxgram import MaxGram
 from localspec.engine.llama_model import LlamaModel, default_threads, gpu_offload_supported
 from localspec.engine.session import EngineConfig, Session

@@ -36,6 +36,15 @@ class TreeBudget:
 
 
 @dataclass(frozen=True)
+class DraftLimits:
+    """How a neural draft grows its part of the tree: depth, children per node, nodes per forward."""
+
+    max_depth: int = 8
+    branching: int = 2
+    width: int = 4
+
+
+@dataclass(frozen=True)
 class GenerationRequest:
     tokens: tuple[int, ...]
     max_tokens: int = 256

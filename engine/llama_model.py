@@ -197,6 +197,18 @@ class LlamaModel:
     def seq_pos_max(self, seq: int) -> int:
         return int(lc.llama_memory_seq_pos_max(self._mem, seq))
 
+    def keep_path(self, seq: int, end: int) -> None:
+        """Make sequence `seq` up to position `end` (inclusive) the new sequence 0; drop all else.
+
+        The one rollback after a tree: cells off that path go (seq_keep), then the path's own
+        cells past `end`, and the survivors are re-tagged as sequence 0.
+        """
+        self.seq_keep(seq)
+        self.seq_rm(seq, end + 1, -1)
+        if seq != 0:
+            self.seq_cp(seq, 0, -1, -1)
+            self.seq_rm(seq, -1, -1)
+
     def clear(self) -> None:
         lc.llama_memory_clear(self._mem, True)
 

@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from .chat import render_chat
-from .config import GenerationRequest, SamplingParams, TreeBudget
+from .config import DraftLimits, GenerationRequest, SamplingParams, TreeBudget
 from .decode import Engine, Generation
 from .drafters.base import Drafter
-from .drafters.llama_draft import DraftLimits, LlamaDraft
+from .drafters.llama_draft import LlamaDraft
 from .drafters.maxgram import MaxGram
 from .errors import LocalspecError
 from .llama_model import LlamaModel

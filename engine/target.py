@@ -77,11 +77,6 @@ class Target:
         last = path[-1] if path else 0
         seq = layout.leaf_seq[tree.first_leaf_below(last)]
         end = self.n_past + int(tree.depth[last])                # position of the last kept node
-        m = self.model
-        m.seq_keep(seq)            # every cell off this path goes, other paths' tags too
-        m.seq_rm(seq, end + 1, -1)  # nodes of this path below the accepted part
-        if seq != 0:
-            m.seq_cp(seq, 0, -1, -1)
-            m.seq_rm(seq, -1, -1)
+        self.model.keep_path(seq, end)
         self.n_past = end + 1
         self._layout = None

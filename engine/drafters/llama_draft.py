@@ -8,13 +8,12 @@ tokens are fed again at the next root evaluation, together with the new root.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
-from ..config import SamplingParams
+from ..config import DraftLimits, SamplingParams
 from ..distribution import Dist, process, top_dist
 from ..errors import LocalspecError
 from ..llama_model import LlamaModel
@@ -22,11 +21,6 @@ from ..tree import DraftTree
 from .grow import GrowLimits, grow
 
 
-@dataclass(frozen=True)
-class DraftLimits:
-    max_depth: int = 8
-    branching: int = 2
-    width: int = 4
 
 
 class LlamaDraft:
@@ -42,6 +36,7 @@ class LlamaDraft:
         self._claimed: set[int] = set()     # nodes whose sequence a child already extends
         self._next_seq = 1
         self._sampling = SamplingParams()
+        self._tree: DraftTree | None = None
 
     @classmethod
     def load(cls, path: str | Path, *, n_ctx: int, max_nodes: int, n_gpu_layers: int = -1,
@@ -58,6 +53,7 @@ class LlamaDraft:
         self.model.clear()
         self._context = list(context)
         self._cached = 0
+        self._forget_tree()
 
     def propose(self, tree: DraftTree, stage: int, budget: int, sampling: SamplingParams,
                 rng: np.random.Generator) -> None:
@@ -66,12 +62,29 @@ class LlamaDraft:
                             max_depth=self.limits.max_depth, branching=self.limits.branching,
                             width=self.limits.width)
         self._sampling = sampling
+        self._tree = tree
         try:
             grow(tree, stage, limits, sampling, rng, self)
-        finally:
+        except BaseException:
             self.rollback()
+            raise
 
     def accept(self, tokens: Sequence[int]) -> None:
+        """Keep the evaluated part of the accepted path in the cache; drop the other tree nodes."""
+        node, deepest = 0, 0
+        tree = self._tree
+        if tree is not None:
+            for tok in tokens[:-1]:
+                node = tree.child_with_token(node, tok)
+                if node < 0 or node not in self._seq_of:
+                    break
+                deepest = node
+        if deepest:
+            self.model.keep_path(self._seq_of[deepest], self._cached - 1 + int(tree.depth[deepest]))
+            self._cached += int(tree.depth[deepest])
+            self._forget_tree()
+        else:
+            self.rollback()
         self._context.extend(tokens)
 
     def close(self) -> None:
@@ -115,6 +128,10 @@ class LlamaDraft:
     def rollback(self) -> None:
         for seq in range(1, self._next_seq):
             self.model.seq_rm(seq, -1, -1)
+        self._forget_tree()
+
+    def _forget_tree(self) -> None:
+        self._tree = None
         self._next_seq = 1
         self._seq_of = {0: 0}
         self._claimed = set()
