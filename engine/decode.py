@@ -15,7 +15,7 @@ import numpy as np
 
 from .config import GenerationRequest, SamplingParams, TreeBudget
 from .drafters.base import Drafter
-from .errors import LocalspecError
+from .errors import LocalspecError, vocab_mismatch
 from .stats import DecodeStats, StageStats
 from .target import Target
 from .text import TextStream
@@ -39,11 +39,7 @@ class Engine:
         for d in stages:
             vocab = getattr(d, "vocab_size", None)
             if vocab is not None and vocab != target.vocab_size:
-                raise LocalspecError("Draft vocabulary does not match the target",
-                                     f"draft '{d.name}' has {vocab} tokens, the target has "
-                                     f"{target.vocab_size}",
-                                     "Use a draft from the target's model family "
-                                     "(same tokenizer), or run with --no-speculation")
+                raise vocab_mismatch(d.name, vocab, target.model.path.name, target.vocab_size)
         self.target = target
         self.stages = list(stages)
         self.budget = budget

@@ -14,3 +14,11 @@ class LocalspecError(Exception):
 
     def render(self) -> str:
         return f"Error: {self.title}\n  cause: {self.cause}\n  fix:   {self.fix}"
+
+
+def vocab_mismatch(draft: str, draft_tokens: int, target: str, target_tokens: int) -> LocalspecError:
+    return LocalspecError("Draft vocabulary does not match the target",
+                          f"draft '{draft}' has {draft_tokens} tokens, target '{target}' has "
+                          f"{target_tokens} tokens",
+                          "Use a draft from the target's model family (same tokenizer), "
+                          "or run with --no-speculation")

@@ -16,7 +16,7 @@ from .decode import Engine, Generation
 from .drafters.base import Drafter
 from .drafters.llama_draft import LlamaDraft
 from .drafters.maxgram import MaxGram
-from .errors import LocalspecError
+from .errors import LocalspecError, vocab_mismatch
 from .llama_model import LlamaModel
 from .target import Target
 
@@ -29,17 +29,14 @@ class EngineConfig:
     maxgram: bool = True
     n_ctx: int = 4096
     n_gpu_layers: int = -1
+    n_threads: int | None = None      # None: every core this process may use
     budget: TreeBudget = field(default_factory=TreeBudget)
     draft_limits: DraftLimits = field(default_factory=DraftLimits)
 
 
 def _check_same_vocab(target: LlamaModel, draft: LlamaModel) -> None:
     if draft.vocab_size != target.vocab_size:
-        raise LocalspecError("Draft vocabulary does not match the target",
-                             f"draft '{draft.path.name}' has {draft.vocab_size} tokens, target "
-                             f"'{target.path.name}' has {target.vocab_size}",
-                             "Use a draft from the target's model family (same tokenizer), "
-                             "or run with --no-speculation")
+        raise vocab_mismatch(draft.path.name, draft.vocab_size, target.path.name, target.vocab_size)
     step = max(1, target.vocab_size // 997)
     for token in range(0, target.vocab_size, step):
         if target.token_text(token) != draft.token_text(token):
@@ -55,14 +52,11 @@ def _load_draft(path: Path, target: LlamaModel, cfg: EngineConfig) -> Drafter:
         from .drafters.torch_draft import TorchDraft  # torch is heavy: import only when used
         draft = TorchDraft.load(path, max_len=cfg.n_ctx, limits=cfg.draft_limits)
         if draft.vocab_size != target.vocab_size:
-            raise LocalspecError("Draft vocabulary does not match the target",
-                                 f"draft '{path.name}' has {draft.vocab_size} tokens, target "
-                                 f"'{target.path.name}' has {target.vocab_size}",
-                                 "Use a draft from the target's model family (same tokenizer), "
-                                 "or run with --no-speculation")
+            raise vocab_mismatch(path.name, draft.vocab_size, target.path.name, target.vocab_size)
         return draft
     draft = LlamaDraft.load(path, n_ctx=cfg.n_ctx, max_nodes=cfg.budget.max_nodes,
-                            n_gpu_layers=cfg.n_gpu_layers, limits=cfg.draft_limits)
+                            n_gpu_layers=cfg.n_gpu_layers, n_threads=cfg.n_threads,
+                            limits=cfg.draft_limits)
     _check_same_vocab(target, draft.model)
     return draft
 
@@ -74,7 +68,7 @@ class Session:
         self.cfg = cfg
         n_seq = max(2, cfg.budget.max_nodes + 1) if cfg.speculation else 1
         self.model = LlamaModel(cfg.model, n_ctx=cfg.n_ctx, n_seq_max=n_seq,
-                                n_gpu_layers=cfg.n_gpu_layers,
+                                n_gpu_layers=cfg.n_gpu_layers, n_threads=cfg.n_threads,
                                 n_batch=max(512, cfg.budget.max_nodes + 1))
         stages: list[Drafter] = []
         try:

@@ -5,6 +5,10 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
+
+# Tiny models gain nothing from threads; spinning threads on a loaded 2-core machine cost a lot.
+torch.set_num_threads(1)
 
 from tiny_models import TinyModels, build_tiny_models
 

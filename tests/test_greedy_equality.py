@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from localspec.engine.config import TreeBudget
-from localspec.engine.drafters.llama_draft import DraftLimits
+from localspec.engine.config import DraftLimits
 from localspec.engine.session import EngineConfig, Session
 
 from equality import check_same_or_near_tie
@@ -38,7 +38,7 @@ def prompt_tokens(session: Session, kind: str, text: str) -> list[int]:
 
 @pytest.fixture(scope="module")
 def plain(tiny):
-    session = Session(EngineConfig(tiny.target_gguf, speculation=False, n_ctx=512))
+    session = Session(EngineConfig(tiny.target_gguf, speculation=False, n_ctx=512, n_threads=1))
     outputs = {}
     for kind, text in PROMPTS:
         tokens = prompt_tokens(session, kind, text)
@@ -51,7 +51,7 @@ def plain(tiny):
 def test_speculative_greedy_equals_plain(tiny, plain, name):
     draft_kind, maxgram, budget, limits = CONFIGS[name]
     draft = {"gguf": tiny.draft_gguf, "torch": tiny.draft_torch, None: None}[draft_kind]
-    session = Session(EngineConfig(tiny.target_gguf, draft=draft, maxgram=maxgram, n_ctx=512,
+    session = Session(EngineConfig(tiny.target_gguf, draft=draft, maxgram=maxgram, n_ctx=512, n_threads=1,
                                    budget=budget, draft_limits=limits))
     plain_session, outputs = plain
     accepted = 0

@@ -14,7 +14,7 @@ import pytest
 import localspec.engine.verify as verify
 from localspec.engine.config import SamplingParams, TreeBudget
 from localspec.engine.distribution import process
-from localspec.engine.drafters.llama_draft import DraftLimits
+from localspec.engine.config import DraftLimits
 from localspec.engine.session import EngineConfig, Session
 
 from stat_bounds import tv_bound, tv_distance
@@ -56,7 +56,7 @@ def sampled_tv(session: Session, prompt: list[int], joint: dict) -> tuple[float,
 
 @pytest.fixture(scope="module")
 def staged(tiny):
-    session = Session(EngineConfig(tiny.target_gguf, draft=tiny.draft_torch, n_ctx=256,
+    session = Session(EngineConfig(tiny.target_gguf, draft=tiny.draft_torch, n_ctx=256, n_threads=1,
                                    budget=TreeBudget(max_nodes=8),
                                    draft_limits=DraftLimits(max_depth=3, branching=2, width=4)))
     prompt = session.raw_prompt("def total(items):\n    result = 0\n    for item in items:\n")

@@ -40,9 +40,9 @@ class LlamaDraft:
 
     @classmethod
     def load(cls, path: str | Path, *, n_ctx: int, max_nodes: int, n_gpu_layers: int = -1,
-             limits: DraftLimits = DraftLimits()) -> "LlamaDraft":
+             n_threads: int | None = None, limits: DraftLimits = DraftLimits()) -> "LlamaDraft":
         return cls(LlamaModel(path, n_ctx=n_ctx, n_seq_max=max_nodes + 2,
-                              n_gpu_layers=n_gpu_layers), limits)
+                              n_gpu_layers=n_gpu_layers, n_threads=n_threads), limits)
 
     # ---- Drafter protocol --------------------------------------------------------------------
     def begin(self, context: Sequence[int]) -> None:
