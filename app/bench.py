@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import platform
+import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +43,8 @@ CONFIGS = {
                               DraftLimits(max_depth=5, branching=2, width=4)),
     "staged": BenchConfig("staged", ("maxgram", "draft"), TreeBudget(max_nodes=8),
                           DraftLimits(max_depth=5, branching=2, width=4)),
+    "adaptive": BenchConfig("adaptive", ("maxgram", "draft"), TreeBudget(max_nodes=16, adaptive=True),
+                            DraftLimits(max_depth=6, branching=2, width=4)),
 }
 
 
@@ -164,24 +168,13 @@ def format_table(report: dict) -> str:
 
 
 def write_outputs(report: dict, out: Path) -> list[Path]:
+    """bench.json, and bench.png drawn by a child process (see localspec.app.plot)."""
     out.mkdir(parents=True, exist_ok=True)
-    paths = [out / "bench.json"]
-    paths[0].write_text(json.dumps(report, indent=2))
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return paths
-    fig, ax = plt.subplots(figsize=(7, 3.5))
-    names = [r["config"] for r in report["rows"]]
-    ax.bar(names, [r["tok_s"] for r in report["rows"]], color="#4a7")
-    ax.set_ylabel("tokens / s")
-    ax.set_title(f"localspec bench: {report['prompts']} prompts, T={report['temperature']}")
-    for i, r in enumerate(report["rows"]):
-        if r["speedup"]:
-            ax.text(i, r["tok_s"], f"{r['speedup']:.2f}x", ha="center", va="bottom")
-    fig.tight_layout()
-    fig.savefig(out / "bench.png", dpi=100)
-    paths.append(out / "bench.png")
-    return paths
+    data, png = out / "bench.json", out / "bench.png"
+    data.write_text(json.dumps(report, indent=2))
+    proc = subprocess.run([sys.executable, "-m", "localspec.app.plot", str(data), str(png)],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        print(f"no plot: {proc.stderr.strip() or f'exit status {proc.returncode}'}", file=sys.stderr)
+        return [data]
+    return [data, png]

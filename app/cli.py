@@ -52,11 +52,13 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-speculation", action="store_true", help="plain decoding, one token per target call")
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=0.95, help="nucleus filter when sampling (llama.cpp default 0.95)")
+    p.add_argument("--top-k", type=int, default=40, help="top-k filter when sampling (llama.cpp default 40; 0 = off)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--ctx", type=int, default=4096, help="context size in tokens")
-    p.add_argument("--tree-nodes", type=int, default=16, help="draft tree budget per round")
+    p.add_argument("--tree-nodes", type=int, default=16, help="largest draft tree per round")
+    p.add_argument("--fixed-budget", action="store_true",
+                   help="always draft --tree-nodes nodes (default: pick 0..N per round by measured speed)")
     p.add_argument("--gpu-layers", type=int, default=-1, help="layers to offload to the GPU (-1 all)")
 
 
@@ -81,7 +83,8 @@ def _open_session(args: argparse.Namespace):
                                 draft=_model_path(args.draft, "Draft model") if args.draft else None,
                                 speculation=not args.no_speculation, n_ctx=args.ctx,
                                 n_gpu_layers=args.gpu_layers,
-                                budget=TreeBudget(max_nodes=args.tree_nodes)))
+                                budget=TreeBudget(max_nodes=args.tree_nodes,
+                                                  adaptive=not args.fixed_budget)))
 
 
 def _add_chat(sub: argparse._SubParsersAction) -> None:
@@ -143,11 +146,11 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--limit", type=int, default=None, help="first N problems only")
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=0.95, help="nucleus filter when sampling (llama.cpp default 0.95)")
+    p.add_argument("--top-k", type=int, default=40, help="top-k filter when sampling (llama.cpp default 40; 0 = off)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--configs", default="plain,maxgram,draft-linear,draft-tree,staged",
-                   help="comma-separated: plain,maxgram,draft-linear,draft-tree,staged")
+    p.add_argument("--configs", default="plain,maxgram,draft-linear,draft-tree,staged,adaptive",
+                   help="comma-separated: plain,maxgram,draft-linear,draft-tree,staged,adaptive")
     p.add_argument("--ctx", type=int, default=4096)
     p.add_argument("--out", default="bench-out", help="folder for bench.json and bench.png")
     p.set_defaults(run=cmd_bench)

@@ -28,11 +28,17 @@ class SamplingParams:
 
 @dataclass(frozen=True)
 class TreeBudget:
-    """How big a draft tree each round may grow: total nodes, depth, children per node."""
+    """How big a draft tree each round may grow. adaptive: each round picks a budget from
+    0 (plain) up to max_nodes by measured throughput (engine/budget.py)."""
 
     max_nodes: int = 16
-    max_depth: int = 8
-    branching: int = 2
+    adaptive: bool = False
+
+    def arms(self) -> tuple[int, ...]:
+        if not self.adaptive or self.max_nodes <= 0:
+            return (self.max_nodes,)
+        sizes = [n for n in (2, 4, 8, 16, 32, 64) if n < self.max_nodes] + [self.max_nodes]
+        return (0, *sizes)
 
 
 @dataclass(frozen=True)

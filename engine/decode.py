@@ -13,6 +13,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from .budget import AdaptiveBudget
 from .config import GenerationRequest, SamplingParams, TreeBudget
 from .drafters.base import Drafter
 from .errors import LocalspecError, vocab_mismatch
@@ -43,6 +44,8 @@ class Engine:
         self.target = target
         self.stages = list(stages)
         self.budget = budget
+        arms = budget.arms() if self.stages else (0,)
+        self.controller = AdaptiveBudget(arms) if len(arms) > 1 else None
         self._tree = DraftTree(capacity=max(2, budget.max_nodes + 1))
 
     def generate(self, request: GenerationRequest) -> Iterator[str]:
@@ -72,8 +75,11 @@ class Engine:
                 result.finish_reason = "context"
                 break
             t = time.perf_counter()
+            arm = self.controller.choose() if self.controller else 0
+            nodes = self.controller.arms[arm] if self.controller else self.budget.max_nodes
             tree.reset(root)
-            self._propose(tree, sampling, rng)
+            if self.stages and nodes > 0:
+                self._propose(tree, nodes, sampling, rng)
             t1 = time.perf_counter()
             rows = self.target.verify(tree)
             t2 = time.perf_counter()
@@ -93,6 +99,8 @@ class Engine:
             clock["verify"] += t2 - t1
             clock["accept"] += (t3 - t2) + (t5 - t4)
             clock["commit"] += t4 - t3
+            if self.controller:
+                self.controller.update(arm, len(new), t5 - t)
             if reason:
                 text += stream.flush()
             if text:
@@ -102,6 +110,8 @@ class Engine:
                 result.finish_reason = reason
                 break
             root = walk.token
+        if self.controller:
+            stats.budget = self.controller.summary()
         return result
 
     def _emit(self, new: list[int], result: Generation, stream: TextStream,
@@ -119,8 +129,9 @@ class Engine:
                 return "".join(out), n + 1, "length"
         return "".join(out), len(new), ""
 
-    def _propose(self, tree: DraftTree, sampling: SamplingParams, rng: np.random.Generator) -> None:
-        room = min(self.budget.max_nodes, self.target.room - 1, tree.capacity - 1)
+    def _propose(self, tree: DraftTree, nodes: int, sampling: SamplingParams,
+                 rng: np.random.Generator) -> None:
+        room = min(nodes, self.target.room - 1, tree.capacity - 1)
         for stage, d in enumerate(self.stages):
             budget = room - (tree.n - 1)
             if budget <= 0:

@@ -19,7 +19,11 @@ _NUCLEUS_PROBE = 1024
 
 @dataclass(frozen=True)
 class Dist:
-    """A distribution over token ids: ids[i] has probability probs[i]; probs sum to 1, descending."""
+    """A distribution over token ids: ids[i] has probability probs[i], summing to 1.
+
+    Sorted by descending probability, except the temperature-only case (the whole vocabulary in
+    id order), where sorting would cost more than everything else in a round.
+    """
 
     ids: np.ndarray    # [k] int64
     probs: np.ndarray  # [k] float64
@@ -47,6 +51,10 @@ def process(row: np.ndarray, params: SamplingParams) -> Dist:
     """Apply temperature, then top-k, then top-p (llama.cpp's order) to one logits row."""
     vocab = row.shape[0]
     k = params.top_k if 0 < params.top_k < vocab else vocab
+    if k == vocab and params.top_p >= 1.0:  # temperature only: the whole vocabulary, unsorted
+        logits = row.astype(np.float64) / params.temperature
+        probs = np.exp(logits - logits.max())
+        return Dist(np.arange(vocab, dtype=np.int64), probs / probs.sum())
     if k < vocab:
         ids = np.argpartition(row, vocab - k)[vocab - k:]
     else:

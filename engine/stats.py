@@ -44,6 +44,7 @@ class DecodeStats:
     target_calls: int = 0
     drafted_tokens: int = 0         # emitted tokens that came from drafts
     seconds: dict[str, float] = field(default_factory=lambda: {p: 0.0 for p in PHASES})
+    budget: dict = field(default_factory=dict)   # adaptive budget: measured tok/s per node budget
 
     def record_round(self, tree: DraftTree, path: tuple[int, ...]) -> None:
         self.target_calls += 1
@@ -79,7 +80,7 @@ class DecodeStats:
                 "tokens_per_call": round(self.tokens_per_call, 3),
                 "tokens_per_second": round(self.tokens_per_second, 2),
                 "seconds": {k: round(v, 4) for k, v in self.seconds.items()},
-                "stages": [s.to_dict() for s in self.stages]}
+                "stages": [s.to_dict() for s in self.stages], "budget": self.budget}
 
     def summary(self) -> str:
         lines = [f"{self.tokens} tokens in {self.decode_seconds:.2f}s = {self.tokens_per_second:.1f} tok/s "
@@ -89,6 +90,9 @@ class DecodeStats:
             by_depth = " ".join(f"{a}/{p}" for a, p in zip(s.accepted, s.proposed))
             lines.append(f"  {s.name}: accepted {sum(s.accepted)}/{sum(s.proposed)} "
                          f"({100 * s.acceptance:.1f}%)  by depth: {by_depth}")
+        if self.budget:
+            lines.append("  budget (nodes: tok/s over rounds): " + "  ".join(
+                f"{k}: {v['tok_s']:.1f}/{v['rounds']}" for k, v in self.budget.items()))
         t = self.seconds
         lines.append("  time: " + "  ".join(f"{k} {t[k]:.3f}s" for k in PHASES))
         return "\n".join(lines)

@@ -26,6 +26,7 @@ CONFIGS = {
     "staged": ("gguf", True, TreeBudget(max_nodes=16), DraftLimits(max_depth=6, branching=2, width=4)),
     "torch-tree": ("torch", False, TreeBudget(max_nodes=12), DraftLimits(max_depth=4, branching=3, width=4)),
     "torch-staged": ("torch", True, TreeBudget(max_nodes=16), DraftLimits(max_depth=6, branching=2, width=4)),
+    "adaptive": ("gguf", True, TreeBudget(max_nodes=16, adaptive=True), DraftLimits(max_depth=6, branching=2, width=4)),
 }
 MAX_TOKENS = 48
 

@@ -37,6 +37,10 @@ def process_rows(logits: torch.Tensor, params: SamplingParams) -> list[Dist]:
     vocab = logits.shape[1]
     scaled = logits / params.temperature                                  # [n, V]
     k = params.top_k if 0 < params.top_k < vocab else vocab
+    if k == vocab and params.top_p >= 1.0:   # temperature only: whole vocabulary in id order
+        probs_np = torch.softmax(scaled.double(), dim=-1).cpu().numpy()    # [n, V]
+        ids_all = np.arange(vocab, dtype=np.int64)
+        return [Dist(ids_all, p) for p in probs_np]
     if k < vocab:
         vals, ids = scaled.topk(k, dim=-1)                                # [n, k] descending
         probs = torch.softmax(vals, dim=-1)                               # renormalised over top-k
