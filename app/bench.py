@@ -21,6 +21,7 @@ from localspec.engine.drafters.base import Drafter
 from localspec.engine.drafters.llama_draft import LlamaDraft
 from localspec.engine.drafters.maxgram import MaxGram
 from localspec.engine.llama_model import LlamaModel, default_threads, gpu_offload_supported
+from localspec.engine.numerics import first_difference, top2_gap
 from localspec.engine.session import EngineConfig, Session
 
 from .workloads import Prompt
@@ -56,6 +57,7 @@ class ConfigResult:
     target_calls: int = 0
     identical: int = 0
     prompts: int = 0
+    gaps: list[float] = field(default_factory=list)   # plain's top-2 gap where outputs part
     stages: dict[str, dict] = field(default_factory=dict)
     outputs: list[list[int]] = field(default_factory=list)
 
@@ -63,13 +65,15 @@ class ConfigResult:
     def tok_s(self) -> float:
         return self.tokens / self.seconds if self.seconds else 0.0
 
-    def add(self, gen: Generation, plain_tokens: list[int] | None) -> None:
+    def add(self, gen: Generation, plain_tokens: list[int] | None, gap: float | None) -> None:
         st = gen.stats
         self.tokens += st.tokens
         self.seconds += st.decode_seconds
         self.target_calls += st.target_calls
         self.prompts += 1
         self.identical += int(plain_tokens is None or gen.tokens == plain_tokens)
+        if gap is not None:
+            self.gaps.append(gap)
         self.outputs.append(gen.tokens)
         for s in st.stages:
             agg = self.stages.setdefault(s.name, {"proposed": [], "accepted": []})
@@ -115,7 +119,11 @@ def run_bench(target: Path, draft: Path | None, prompts: Sequence[Prompt], names
                 gen = _drain(engine.generate(request))
                 if name == "plain":
                     plain_tokens = gen.tokens
-                results[name].add(gen, plain_tokens if name != "plain" else None)
+                    results[name].add(gen, None, None)
+                    continue
+                gap = (_divergence_gap(session.model, prompt.tokens, plain_tokens, gen.tokens)
+                       if sampling.greedy else None)   # sampled outputs are not expected to match
+                results[name].add(gen, plain_tokens, gap)
             progress(f"[{i + 1}/{len(prompts)}] {prompt.name}  " + "  ".join(
                 f"{n} {r.tok_s:.1f}" for n, r in results.items()) + " tok/s")
         return _report(results, target, draft, len(prompts), max_tokens, sampling, time.time() - started,
@@ -124,6 +132,15 @@ def run_bench(target: Path, draft: Path | None, prompts: Sequence[Prompt], names
         if draft_model is not None:
             draft_model.close()
         session.close()
+
+
+def _divergence_gap(model: LlamaModel, prompt: Sequence[int], plain: list[int],
+                    spec: list[int]) -> float | None:
+    """Plain decoding's top-2 logit gap where `spec` first differs from it (None if identical)."""
+    i = first_difference(plain, spec)
+    if i < 0 or i >= min(len(plain), len(spec)):
+        return None if i < 0 else 0.0
+    return top2_gap(model, list(prompt) + plain[:i])
 
 
 def _drain(gen) -> Generation:
@@ -146,7 +163,9 @@ def _report(results: dict[str, ConfigResult], target: Path, draft: Path | None, 
                      "speedup": round(r.tok_s / base.tok_s, 3) if base and base.tok_s else None,
                      "tokens": r.tokens, "seconds": round(r.seconds, 2),
                      "tokens_per_call": round(r.tokens / max(1, r.target_calls), 3),
-                     "identical": f"{r.identical}/{r.prompts}", "stages": acc})
+                     "identical": f"{r.identical}/{r.prompts}",
+                     "max_gap_at_difference": round(max(r.gaps), 4) if r.gaps else None,
+                     "stages": acc})
     return {"machine": {"cpu": platform.processor() or platform.machine(), "threads": default_threads(),
                         "gpu_offload": gpu_offload_supported(), "gpu_layers": model.n_gpu_layers},
             "target": str(target), "draft": str(draft) if draft else None, "prompts": n,
@@ -157,13 +176,15 @@ def _report(results: dict[str, ConfigResult], target: Path, draft: Path | None, 
 def format_table(report: dict) -> str:
     lines = [f"{report['prompts']} prompts, {report['max_tokens']} max new tokens, "
              f"T={report['temperature']}, machine: {report['machine']}",
-             f"{'config':<14}{'tok/s':>8}{'speedup':>9}{'tok/call':>10}{'identical':>11}  acceptance",
-             "-" * 80]
+             f"{'config':<14}{'tok/s':>8}{'speedup':>9}{'tok/call':>10}{'identical':>11}{'max gap':>9}"
+             "  acceptance",
+             "-" * 90]
     for r in report["rows"]:
         acc = "  ".join(f"{k} {100 * v['acceptance']:.0f}%" for k, v in r["stages"].items())
         sp = f"{r['speedup']:.2f}x" if r["speedup"] is not None else "-"
+        gap = f"{r['max_gap_at_difference']:.3f}" if r["max_gap_at_difference"] is not None else "-"
         lines.append(f"{r['config']:<14}{r['tok_s']:>8.2f}{sp:>9}{r['tokens_per_call']:>10.2f}"
-                     f"{r['identical']:>11}  {acc}")
+                     f"{r['identical']:>11}{gap:>9}  {acc}")
     return "\n".join(lines)
 
 

@@ -60,6 +60,8 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fixed-budget", action="store_true",
                    help="always draft --tree-nodes nodes (default: pick 0..N per round by measured speed)")
     p.add_argument("--gpu-layers", type=int, default=-1, help="layers to offload to the GPU (-1 all)")
+    p.add_argument("--no-personal", action="store_true",
+                   help="do not use the personal n-gram drafter built from your chats")
 
 
 def _sampling(args: argparse.Namespace):
@@ -82,6 +84,7 @@ def _open_session(args: argparse.Namespace):
     return Session(EngineConfig(model=_model_path(args.model, "Model"),
                                 draft=_model_path(args.draft, "Draft model") if args.draft else None,
                                 speculation=not args.no_speculation, n_ctx=args.ctx,
+                                personal=not args.no_personal,
                                 n_gpu_layers=args.gpu_layers,
                                 budget=TreeBudget(max_nodes=args.tree_nodes,
                                                   adaptive=not args.fixed_budget)))

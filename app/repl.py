@@ -1,12 +1,15 @@
 """`localspec chat` in line mode: a multi-turn conversation on stdin/stdout.
 
 The Textual chat screen (issue 5) will replace this; until then this is the whole chat: history is
-kept for the session only, replies stream as they are verified, Ctrl-C stops a reply and keeps the
-part already shown.
+kept for the session only (its tokens feed the personal n-gram drafter after each reply; see
+`localspec ngram`), replies stream as they are verified, Ctrl-C stops a reply and keeps the part
+already shown.
 """
 from __future__ import annotations
 
+import os
 import sys
+import time
 from typing import TextIO
 
 from localspec.engine.config import SamplingParams
@@ -18,6 +21,7 @@ HELP = "Type a message and press Enter. /reset starts over, /stats shows the las
 def chat_loop(session: Session, sampling: SamplingParams, max_tokens: int,
               stdin: TextIO = sys.stdin, stdout: TextIO = sys.stdout) -> None:
     history: list[dict] = []
+    conversation = f"chat-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     last_stats = None
     print(HELP, file=stdout)
     while True:
@@ -54,4 +58,5 @@ def chat_loop(session: Session, sampling: SamplingParams, max_tokens: int,
             reply += " [stopped]"
             stdout.write(" [stopped]")
         history.append({"role": "assistant", "content": reply})
+        session.learn(conversation, session.chat_prompt(history))   # the personal drafter learns
         stdout.write("\n")

@@ -3,7 +3,7 @@
 An arm is a node budget (0 = a plain round: the root alone). Per arm the controller keeps
 exponentially decayed sums of tokens emitted and wall seconds spent (drafting + verification +
 bookkeeping), so its estimate is measured throughput, not a model of it. It plays the arm with the
-best estimate and re-tries every other arm once per `explore_every` rounds, so estimates follow the
+best estimate and re-tries every arm once per `explore_every` rounds, so estimates follow the
 text as it changes character (prose vs. a repeated code block). When speculation loses to plain
 decoding on this machine, the plain arm wins and speculation stays off except for the probes.
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 
 class AdaptiveBudget:
-    def __init__(self, arms: tuple[int, ...], explore_every: int = 24, decay: float = 0.95) -> None:
+    def __init__(self, arms: tuple[int, ...], explore_every: int = 64, decay: float = 0.95) -> None:
         if not arms:
             raise ValueError("at least one arm")
         self.arms = arms
@@ -31,8 +31,8 @@ class AdaptiveBudget:
     def choose(self) -> int:
         """Index of the arm to play this round."""
         self._round += 1
-        for arm, plays in enumerate(self._plays):   # measure every arm twice first
-            if plays < 2:
+        for arm, plays in enumerate(self._plays):   # measure every arm once first
+            if plays < 1:
                 return arm
         slot = self._round % self.explore_every
         if slot < len(self.arms):                   # periodic probe of each arm in turn

@@ -27,6 +27,7 @@ class EngineConfig:
     draft: Path | None = None
     speculation: bool = True
     maxgram: bool = True
+    personal: bool = False            # the personal n-gram drafter (store under the user data dir)
     n_ctx: int = 4096
     n_gpu_layers: int = -1
     n_threads: int | None = None      # None: every core this process may use
@@ -71,13 +72,22 @@ class Session:
                                 n_gpu_layers=cfg.n_gpu_layers, n_threads=cfg.n_threads,
                                 n_batch=max(512, cfg.budget.max_nodes + 1))
         stages: list[Drafter] = []
+        self.store = None
         try:
             if cfg.speculation:
                 if cfg.maxgram:
                     stages.append(MaxGram())
+                if cfg.personal:
+                    from localspec.models.ngram_store import NgramStore, vocab_key
+
+                    from .drafters.ngram import PersonalNgram
+                    self.store = NgramStore.open(vocab_key(self.model), label=self.model.path.name)
+                    stages.append(PersonalNgram(self.store))
                 if cfg.draft is not None:
                     stages.append(_load_draft(cfg.draft, self.model, cfg))
         except BaseException:
+            if self.store is not None:
+                self.store.close()
             self.model.close()
             raise
         self.stages = stages
@@ -107,7 +117,15 @@ class Session:
             except StopIteration as stop:
                 return stop.value
 
+    def learn(self, conversation_id: str, tokens: Sequence[int]) -> None:
+        """Feed a finished exchange (the whole conversation's tokens) to the personal drafter."""
+        if self.store is not None:
+            from localspec.models.ngram_store import learn
+            learn(self.store, conversation_id, tokens)
+
     def close(self) -> None:
         for d in self.stages:
             d.close()
+        if self.store is not None:
+            self.store.close()
         self.model.close()

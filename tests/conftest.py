@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,10 @@ import torch
 
 # Tiny models gain nothing from threads; spinning threads on a loaded 2-core machine cost a lot.
 torch.set_num_threads(1)
+
+# User data (the personal n-gram store) goes to a scratch folder, never the user's real one;
+# child processes (CLI tests) inherit it.
+os.environ["LOCALSPEC_DATA_DIR"] = tempfile.mkdtemp(prefix="localspec-test-data-")
 
 from tiny_models import TinyModels, build_tiny_models
 

@@ -1,31 +1,10 @@
-"""Greedy equality with the near-tie explanation (../shared/docs/METHOD.md, "Numerics").
-
-Speculative greedy output must equal plain greedy output; llama.cpp's logits shift slightly with
-batch composition, so a difference is acceptable only where plain decoding itself stood at a
-near-tie: the top-2 logit gap at the first differing position must be below `max_gap`.
-"""
+"""Greedy equality with the near-tie explanation (engine/numerics.py)."""
 from __future__ import annotations
 
 from typing import Sequence
 
-import numpy as np
-
 from localspec.engine.llama_model import LlamaModel
-
-
-def first_difference(a: Sequence[int], b: Sequence[int]) -> int:
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return -1 if len(a) == len(b) else min(len(a), len(b))
-
-
-def top2_gap(model: LlamaModel, tokens: Sequence[int]) -> float:
-    """Gap between the two best logits after `tokens`, evaluated plainly."""
-    model.clear()
-    model.prefill(list(tokens), 0)
-    row = np.sort(model.logits()[-1])
-    return float(row[-1] - row[-2])
+from localspec.engine.numerics import first_difference, top2_gap
 
 
 def check_same_or_near_tie(model: LlamaModel, prompt: Sequence[int], plain: Sequence[int],

@@ -21,7 +21,7 @@ from ..tree import DraftTree
 @dataclass(frozen=True)
 class MaxGramLimits:
     max_n: int = 8        # longest suffix looked up
-    min_n: int = 1        # shortest suffix worth trusting
+    min_n: int = 3        # shortest suffix worth trusting (1-2 token matches mostly miss)
     max_depth: int = 8    # tokens copied per chain
     branching: int = 2    # distinct continuations (chains) proposed
 

@@ -23,9 +23,8 @@ Why it is shaped so:
   weight), so only the few tokens above that count are scored exactly.
 * **Caches live as long as the drafter.** Store lookups stay cached across generations; the first
   `begin` loads the unigrams and the (longest) continuation lists of the most frequent tokens.
-  Counts learnt later reach only contexts not cached yet; the current conversation is covered by
-  the in-memory counts anyway. A forget or wipe (the store's `erasures` counter, checked in
-  `begin`) drops everything, so forgotten counts leave memory too. When the new context extends
+  Any write to the store (a reply learnt, a forget, a wipe: its `revision` counter, checked in
+  `begin`) drops the cache, so new counts reach the next reply and forgotten ones leave memory. When the new context extends
   the previous one (a chat going on), `begin` only rolls forward.
 * **Best-first growth.** A heap of candidate children ordered by path probability: the budget
   goes to the most probable nodes of the whole tree, and a root's most likely child comes first.
@@ -52,7 +51,7 @@ class CountSource(Protocol):
 
     def lookup(self, contexts: Sequence[Sequence[int]]) -> dict[tuple[int, ...], dict[int, int]]: ...
 
-    def erasures(self) -> int: ...
+    def revision(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -115,7 +114,7 @@ class PersonalNgram:
         self.store = store
         self.limits = limits
         self.max_n = min(limits.max_n, store.max_n) if store is not None else limits.max_n
-        self._erasures: int | None = None
+        self._revision: int | None = None
         self._stored: dict[tuple[int, ...], dict[int, int]] = {}  # store lookups (cache)
         self._session: dict[tuple[int, ...], dict[int, int]] = {}  # n-grams of the context
         self._merged: dict[tuple[int, ...], _Counts] = {}          # stored + session
@@ -132,14 +131,14 @@ class PersonalNgram:
         self.accept(context)
 
     def _load_store(self) -> bool:
-        """(Re)load the cache if the store forgot something or it grew too big; True if so."""
-        erasures = self.store.erasures()
-        if erasures == self._erasures and len(self._stored) <= self.limits.max_cached:
+        """(Re)load the cache if the store changed (learnt, forgot) or the cache grew too big."""
+        revision = self.store.revision()
+        if revision == self._revision and len(self._stored) <= self.limits.max_cached:
             return False
         self._stored = self.store.lookup([()])          # unigrams: every node needs them
         top = list(self._stored[()])[:self.limits.prefetch]
         self._stored.update(self.store.lookup([(t,) for t in top]))  # the longest lists
-        self._erasures = erasures
+        self._revision = revision
         return True
 
     def accept(self, tokens: Sequence[int]) -> None:
@@ -183,7 +182,7 @@ class PersonalNgram:
 
     def close(self) -> None:
         self._stored, self._session, self._merged, self._tokens = {}, {}, {}, []
-        self._erasures = None
+        self._revision = None
 
     # ---- the model ----------------------------------------------------------------------------
     def next_tokens(self, hist: tuple[int, ...]) -> list[tuple[float, int]]:
