@@ -43,8 +43,12 @@ def draw_index(probs: np.ndarray, rng: np.random.Generator) -> int:
     return min(i, probs.size - 1)
 
 
-def argmax(row: np.ndarray) -> int:
-    return int(np.argmax(row))
+def _nucleus(ids: np.ndarray, probs: np.ndarray, top_p: float) -> tuple[np.ndarray, np.ndarray]:
+    """Keep the smallest descending prefix holding top_p of the mass; renormalise it."""
+    if top_p >= 1.0:
+        return ids, probs
+    cut = int(np.searchsorted(np.cumsum(probs), top_p, side="left")) + 1
+    return ids[:cut], probs[:cut] / probs[:cut].sum()
 
 
 def process(row: np.ndarray, params: SamplingParams) -> Dist:
@@ -72,10 +76,7 @@ def process(row: np.ndarray, params: SamplingParams) -> Dist:
         probs = np.exp(logits - top) / total
         if params.top_p < 1.0 and probs.sum() < params.top_p and ids.size < vocab:
             return process_full_sort(row, params)
-    if params.top_p < 1.0:
-        cut = int(np.searchsorted(np.cumsum(probs), params.top_p, side="left")) + 1
-        ids, probs = ids[:cut], probs[:cut]
-        probs = probs / probs.sum()
+    ids, probs = _nucleus(ids, probs, params.top_p)
     return Dist(ids.astype(np.int64), probs)
 
 
@@ -88,10 +89,7 @@ def process_full_sort(row: np.ndarray, params: SamplingParams) -> Dist:
     lg = logits[ids]
     probs = np.exp(lg - lg[0])
     probs /= probs.sum()
-    if params.top_p < 1.0:
-        cut = int(np.searchsorted(np.cumsum(probs), params.top_p, side="left")) + 1
-        ids, probs = ids[:cut], probs[:cut]
-        probs = probs / probs.sum()
+    ids, probs = _nucleus(ids, probs, params.top_p)
     return Dist(ids.astype(np.int64), probs)
 
 
