@@ -1,51 +1,76 @@
-"""Online choice of each round's tree budget: speculate only where it pays, on this machine.
+"""Online choice of each round's tree: speculate only where it pays, on this machine.
 
-An arm is a node budget (0 = a plain round: the root alone). Per arm the controller keeps
+An arm is a tree budget: a node count (0 = a plain round: the root alone) and whether the model
+drafters take part or only the free ones (Max-Gram, personal n-grams). Per arm the controller keeps
 exponentially decayed sums of tokens emitted and wall seconds spent (drafting + verification +
 bookkeeping), so its estimate is measured throughput, not a model of it. It plays the arm with the
-best estimate and re-tries every arm once per `explore_every` rounds, so estimates follow the
-text as it changes character (prose vs. a repeated code block). When speculation loses to plain
-decoding on this machine, the plain arm wins and speculation stays off except for the probes.
+best estimate and probes the others now and then so estimates follow the text as it changes
+character (prose vs. a repeated code block): an arm close to the best is probed every
+`explore_every` rounds, one far below it rarely (the interval grows with the square of how far),
+because on a slow CPU a single probe of a big tree costs ten plain rounds. When speculation loses
+to plain decoding on this machine, the plain arm wins and speculation stays off but for the probes.
 
-Greedy output does not depend on the budget. Sampled output stays exactly distributed, but which
+Greedy output does not depend on the arm. Sampled output stays exactly distributed, but which
 random draws happen depends on tree shapes, so a seed reproduces output only with a fixed budget.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Arm:
+    nodes: int            # tree nodes below the root; 0 = plain
+    models: bool = True   # model drafters take part (False: only the free drafters)
+
+    def __str__(self) -> str:
+        return f"{self.nodes}" + ("" if self.models or self.nodes == 0 else " free")
+
 
 class AdaptiveBudget:
-    def __init__(self, arms: tuple[int, ...], explore_every: int = 64, decay: float = 0.95) -> None:
+    def __init__(self, arms: tuple[Arm, ...], explore_every: int = 64, decay: float = 0.95,
+                 max_interval: int = 2048) -> None:
         if not arms:
             raise ValueError("at least one arm")
         self.arms = arms
         self.explore_every = explore_every
         self.decay = decay
+        self.max_interval = max_interval
         self._tokens = [0.0] * len(arms)
         self._seconds = [0.0] * len(arms)
         self._plays = [0] * len(arms)
+        self._next_probe = [0] * len(arms)
         self._round = 0
 
     def rate(self, arm: int) -> float:
         return self._tokens[arm] / self._seconds[arm] if self._seconds[arm] > 0 else 0.0
 
+    def _best(self) -> int:
+        return max(range(len(self.arms)), key=self.rate)
+
     def choose(self) -> int:
         """Index of the arm to play this round."""
         self._round += 1
         for arm, plays in enumerate(self._plays):   # measure every arm once first
-            if plays < 1:
+            if plays == 0:
                 return arm
-        slot = self._round % self.explore_every
-        if slot < len(self.arms):                   # periodic probe of each arm in turn
-            return slot
-        return max(range(len(self.arms)), key=self.rate)
+        best = self._best()
+        due = [a for a in range(len(self.arms)) if a != best and self._next_probe[a] <= self._round]
+        if due:
+            arm = min(due, key=lambda a: self._next_probe[a])
+            ratio = self.rate(best) / max(self.rate(arm), 1e-9)
+            self._next_probe[arm] = self._round + min(self.max_interval,
+                                                      int(self.explore_every * ratio * ratio))
+            return arm
+        return best
 
     def update(self, arm: int, tokens: int, seconds: float) -> None:
         self._tokens[arm] = self._tokens[arm] * self.decay + tokens
         self._seconds[arm] = self._seconds[arm] * self.decay + seconds
         self._plays[arm] += 1
 
-    def best(self) -> int:
-        return self.arms[max(range(len(self.arms)), key=self.rate)]
+    def best(self) -> Arm:
+        return self.arms[self._best()]
 
     def summary(self) -> dict:
         return {str(a): {"tok_s": round(self.rate(i), 2), "rounds": self._plays[i]}

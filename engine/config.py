@@ -34,12 +34,17 @@ class TreeBudget:
     max_nodes: int = 16
     adaptive: bool = False
 
-    def arms(self) -> tuple[int, ...]:
-        if not self.adaptive or self.max_nodes <= 0:
-            return (self.max_nodes,)
-        sizes = [n for n in (2, 4, 8, 16, 32, 64) if n < self.max_nodes] + [self.max_nodes]
-        return (0, *sizes)
+    def arms(self, with_models: bool = True) -> tuple["Arm", ...]:
+        """Fixed: the one tree size. Adaptive: plain, free drafters alone, and all drafters, at a
+        few sizes up to max_nodes."""
+        from .budget import Arm
 
+        if not self.adaptive or self.max_nodes <= 0:
+            return (Arm(self.max_nodes),)
+        sizes = sorted({n for n in (4, 8) if n < self.max_nodes} | {self.max_nodes})
+        free = tuple(Arm(n, models=False) for n in sizes)
+        full = tuple(Arm(n) for n in sizes) if with_models else ()
+        return (Arm(0), *free, *full)
 
 @dataclass(frozen=True)
 class DraftLimits:

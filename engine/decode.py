@@ -13,7 +13,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from .budget import AdaptiveBudget
+from .budget import AdaptiveBudget, Arm
 from .config import GenerationRequest, SamplingParams, TreeBudget
 from .drafters.base import Drafter
 from .errors import LocalspecError, vocab_mismatch
@@ -44,8 +44,10 @@ class Engine:
         self.target = target
         self.stages = list(stages)
         self.budget = budget
-        arms = budget.arms() if self.stages else (0,)
+        with_models = any(d.uses_model for d in self.stages)
+        arms = budget.arms(with_models) if self.stages else (Arm(0),)
         self.controller = AdaptiveBudget(arms) if len(arms) > 1 else None
+        self._fixed = arms[0]
         self._tree = DraftTree(capacity=max(2, budget.max_nodes + 1))
 
     def generate(self, request: GenerationRequest) -> Iterator[str]:
@@ -76,10 +78,10 @@ class Engine:
                 break
             t = time.perf_counter()
             arm = self.controller.choose() if self.controller else 0
-            nodes = self.controller.arms[arm] if self.controller else self.budget.max_nodes
+            shape = self.controller.arms[arm] if self.controller else self._fixed
             tree.reset(root)
-            if self.stages and nodes > 0:
-                self._propose(tree, nodes, sampling, rng)
+            if self.stages and shape.nodes > 0:
+                self._propose(tree, shape, sampling, rng)
             t1 = time.perf_counter()
             rows = self.target.verify(tree)
             t2 = time.perf_counter()
@@ -129,10 +131,12 @@ class Engine:
                 return "".join(out), n + 1, "length"
         return "".join(out), len(new), ""
 
-    def _propose(self, tree: DraftTree, nodes: int, sampling: SamplingParams,
+    def _propose(self, tree: DraftTree, shape: Arm, sampling: SamplingParams,
                  rng: np.random.Generator) -> None:
-        room = min(nodes, self.target.room - 1, tree.capacity - 1)
+        room = min(shape.nodes, self.target.room - 1, tree.capacity - 1)
         for stage, d in enumerate(self.stages):
+            if d.uses_model and not shape.models:
+                continue
             budget = room - (tree.n - 1)
             if budget <= 0:
                 break

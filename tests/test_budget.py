@@ -1,37 +1,43 @@
 """The adaptive budget's policy on scripted throughputs (a unit test of the rule, no model):
-it settles on the fastest arm, turns speculation off when plain decoding is fastest, and keeps
-probing so it follows a change."""
-from localspec.engine.budget import AdaptiveBudget
+it settles on the fastest arm, turns speculation off when plain decoding is fastest (probing the
+losing arms rarely), and follows a change."""
+from localspec.engine.budget import AdaptiveBudget, Arm
 from localspec.engine.config import TreeBudget
 
 
-def play(ctrl: AdaptiveBudget, rates: dict[int, float], rounds: int) -> list[int]:
+def play(ctrl: AdaptiveBudget, rates: dict[Arm, float], rounds: int) -> list[Arm]:
     chosen = []
     for _ in range(rounds):
-        arm = ctrl.choose()
-        nodes = ctrl.arms[arm]
-        tokens = max(1, round(rates[nodes] * 0.1))   # 0.1 s per round at the arm's rate
-        ctrl.update(arm, tokens, tokens / rates[nodes])
-        chosen.append(nodes)
+        i = ctrl.choose()
+        arm = ctrl.arms[i]
+        tokens = max(1, round(rates[arm] * 0.1))   # 0.1 s per round at the arm's rate
+        ctrl.update(i, tokens, tokens / rates[arm])
+        chosen.append(arm)
     return chosen
 
 
 def test_turns_speculation_off_where_it_loses():
-    ctrl = AdaptiveBudget(TreeBudget(max_nodes=16, adaptive=True).arms())
-    chosen = play(ctrl, {0: 12.0, 2: 10.0, 4: 9.0, 8: 7.0, 16: 5.0}, 240)
-    late = chosen[120:]
-    assert ctrl.best() == 0
-    assert late.count(0) / len(late) > 0.75, late   # plain except for the periodic probes
+    arms = TreeBudget(max_nodes=16, adaptive=True).arms()
+    ctrl = AdaptiveBudget(arms)
+    rates = {a: 12.0 if a.nodes == 0 else 12.0 * (0.9 if not a.models else 0.5) - a.nodes * 0.2
+             for a in arms}
+    late = play(ctrl, rates, 600)[200:]
+    assert ctrl.best() == Arm(0)
+    assert sum(a.nodes == 0 for a in late) / len(late) > 0.95   # plain, bar a few probes
 
 
 def test_picks_the_fastest_tree_and_follows_a_change():
-    ctrl = AdaptiveBudget((0, 4, 8, 16))
-    play(ctrl, {0: 500.0, 4: 600.0, 8: 900.0, 16: 700.0}, 150)
-    assert ctrl.best() == 8
-    play(ctrl, {0: 500.0, 4: 300.0, 8: 250.0, 16: 200.0}, 300)  # the text stopped repeating
-    assert ctrl.best() == 0
+    arms = (Arm(0), Arm(8, models=False), Arm(8), Arm(16))
+    ctrl = AdaptiveBudget(arms)
+    play(ctrl, {Arm(0): 500.0, Arm(8, False): 900.0, Arm(8): 700.0, Arm(16): 600.0}, 200)
+    assert ctrl.best() == Arm(8, models=False)
+    play(ctrl, {Arm(0): 500.0, Arm(8, False): 480.0, Arm(8): 300.0, Arm(16): 250.0}, 400)
+    assert ctrl.best() == Arm(0)                                  # the text stopped repeating
 
 
-def test_fixed_budget_has_one_arm():
-    assert TreeBudget(max_nodes=8).arms() == (8,)
-    assert TreeBudget(max_nodes=8, adaptive=True).arms() == (0, 2, 4, 8)
+def test_arms_of_fixed_and_adaptive_budgets():
+    assert TreeBudget(max_nodes=8).arms() == (Arm(8),)
+    assert TreeBudget(max_nodes=8, adaptive=True).arms() == (Arm(0), Arm(4, False), Arm(8, False),
+                                                             Arm(4), Arm(8))
+    assert TreeBudget(max_nodes=8, adaptive=True).arms(with_models=False) == (
+        Arm(0), Arm(4, False), Arm(8, False))

@@ -14,6 +14,8 @@ A drafter keeps its own view of the committed context (the prompt plus every acc
   target's own token); the new root is ``tokens[-1]``. Drafters roll their state forward here.
 
 Stages are an ordered list of drafters; each gets the tree after the previous one has grown it.
+``uses_model`` tells a drafter that runs a neural model (whose rounds cost real time) from a free
+one (Max-Gram, n-grams): the adaptive budget may run the free ones alone.
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ from ..tree import DraftTree
 
 class Drafter(Protocol):
     name: str
+    uses_model: bool
 
     def begin(self, context: Sequence[int]) -> None: ...
 

@@ -25,6 +25,7 @@ from .grow import GrowLimits, grow
 
 class LlamaDraft:
     name = "gguf-draft"
+    uses_model = True
 
     def __init__(self, model: LlamaModel, limits: DraftLimits = DraftLimits()) -> None:
         self.model = model

@@ -28,6 +28,7 @@ class MaxGramLimits:
 
 class MaxGram:
     name = "maxgram"
+    uses_model = False
 
     def __init__(self, limits: MaxGramLimits = MaxGramLimits()) -> None:
         self.limits = limits

@@ -108,6 +108,7 @@ class _Counts:
 
 class PersonalNgram:
     name = "personal-ngram"
+    uses_model = False
 
     def __init__(self, store: CountSource | None = None,
                  limits: NgramLimits = NgramLimits()) -> None:

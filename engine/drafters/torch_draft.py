@@ -76,6 +76,7 @@ class TorchDraft:
     """A `Drafter` (and `grow`'s `TreeEvaluator`) backed by a `TorchLM`."""
 
     name = "torch-draft"
+    uses_model = True
 
     def __init__(self, lm: TorchLM, limits: DraftLimits = DraftLimits()) -> None:
         self.lm, self.limits = lm, limits
