@@ -1,0 +1,118 @@
+"""`localspec ngram`: show, forget, wipe and grow the personal n-gram data (models/ngram_store.py)."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from localspec.engine.errors import LocalspecError
+
+from .paths import model_path
+
+
+def add_ngram(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("ngram", help="show, forget or grow the personal n-gram data")
+    acts = p.add_subparsers(dest="action", required=True)
+    show = acts.add_parser("show", help="size, sources and what the data was built from")
+    forget = acts.add_parser("forget", help="forget one source: exactly its n-grams go")
+    forget.add_argument("kind", choices=["conversation", "file"])
+    forget.add_argument("name", help="conversation id, or the file's path")
+    wipe = acts.add_parser("wipe", help="forget everything")
+    wipe.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    for q in (show, forget, wipe):
+        q.add_argument("--model", help="only the data for this model's vocabulary (default: all)")
+    add = acts.add_parser("add-file", help="opt in: learn from a text file you point at")
+    add.add_argument("path")
+    add.add_argument("--model", required=True, help="target model (.gguf) whose tokenizer to use")
+    p.set_defaults(run=cmd_ngram)
+
+
+def cmd_ngram(args: argparse.Namespace) -> int:
+    from localspec.models import ngram_store as ns
+
+    if args.action == "add-file":
+        return _ngram_add_file(args)
+    if args.model:
+        paths = [p for p in [ns.store_path(ns.vocab_key(model_path(args.model, "Model")))]
+                 if p.exists()]
+    else:
+        paths = ns.store_paths()
+    where = f"{ns.store_dir()}" + (f" for {Path(args.model).name}" if args.model else "")
+    stores = [ns.NgramStore.open_existing(p) for p in paths]
+    try:
+        if args.action == "show":
+            if not stores:
+                print(f"No personal n-gram data yet ({where}). It grows as you chat; "
+                      "add a file with: localspec ngram add-file PATH --model GGUF")
+            for store in stores:
+                _print_ngram_info(store.info())
+            return 0
+        if args.action == "forget":
+            names = {args.name, str(Path(args.name).expanduser().resolve())} \
+                if args.kind == "file" else {args.name}
+            hits = [s for s in stores if any([s.forget(args.kind, n) for n in sorted(names)])]
+            if not hits:
+                raise LocalspecError("Unknown n-gram source", f"no {args.kind} named "
+                                     f"'{args.name}' in {where}",
+                                     "See the stored sources with: localspec ngram show")
+            print(f"Forgot {args.kind} '{args.name}' ({len(hits)} store(s)).")
+            return 0
+        infos = [s.info() for s in stores]
+        summary = (f"{sum(i.n_sources for i in infos)} sources, "
+                   f"{sum(i.n_ngrams for i in infos):,} n-grams in {len(infos)} store(s)")
+        if not args.yes and not _confirm(f"Wipe all personal n-gram data ({summary})? [y/N] "):
+            print("Nothing wiped.")
+            return 1
+        for store in stores:
+            store.wipe()
+        print(f"Wiped {summary}.")
+        return 0
+    finally:
+        for store in stores:
+            store.close()
+
+
+def _confirm(question: str) -> bool:
+    try:
+        return input(question).strip().lower() in ("y", "yes")
+    except EOFError:
+        return False
+
+
+def _print_ngram_info(info) -> None:
+    import time
+
+    print(f"{info.path}")
+    print(f"  vocabulary: {info.label or 'unknown model'} (key {info.key})")
+    print(f"  size:       {info.n_sources} sources, {info.n_ngrams:,} n-grams of order 1-"
+          f"{info.max_n} (cap {info.max_rows:,}), {info.bytes / 1024:,.0f} KiB on disk")
+    print("  built from:" + ("" if info.sources else " nothing yet"))
+    for s in info.sources:
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(s.added_at))
+        print(f"    {s.kind:<12} {s.name:<40} {s.n_tokens:>9,} tokens  {when}")
+
+
+def _ngram_add_file(args: argparse.Namespace) -> int:
+    from localspec.engine.llama_model import LlamaModel
+    from localspec.models.ngram_store import NgramStore, vocab_key
+
+    path = Path(args.path).expanduser().resolve()
+    if not path.is_file():
+        raise LocalspecError("File not found", f"'{args.path}' is not an existing file",
+                             "Pass the path of a text file to learn from")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise LocalspecError("Not a text file", f"'{path}' is not UTF-8 text",
+                             "Point add-file at a UTF-8 text file (code, notes, ...)") from None
+    gguf = model_path(args.model, "Model")
+    model = LlamaModel(gguf, n_ctx=64)
+    try:
+        tokens = model.tokenize(text, special=False, add_bos=False)
+    finally:
+        model.close()
+    with NgramStore.open(vocab_key(gguf), label=gguf.name) as store:
+        store.add("file", str(path), tokens)
+        info = store.info()
+    print(f"Added file {path}: {len(tokens):,} tokens. The store now holds {info.n_sources} "
+          f"sources, {info.n_ngrams:,} n-grams.")
+    return 0
