@@ -14,8 +14,9 @@ from pathlib import Path
 
 from localspec.engine.errors import LocalspecError
 
+from .models_cmd import add_models_commands
 from .ngram_cmd import add_ngram
-from .paths import model_path
+from .paths import model_path, resolve_models
 
 # Generation never touches the network: keep the hub client offline in this process.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -41,7 +42,8 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_model_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help="target model: a .gguf file")
+    p.add_argument("--model", required=True,
+                   help="target model: a .gguf file or an installed model's name (localspec list)")
     p.add_argument("--draft", help="draft model: a .gguf file (llama.cpp) or a transformers folder (PyTorch)")
     p.add_argument("--no-speculation", action="store_true", help="plain decoding, one token per target call")
     p.add_argument("--max-tokens", type=int, default=256)
@@ -75,8 +77,8 @@ def _open_session(args: argparse.Namespace):
     from localspec.engine.config import TreeBudget
     from localspec.engine.session import EngineConfig, Session
 
-    return Session(EngineConfig(model=model_path(args.model, "Model"),
-                                draft=model_path(args.draft, "Draft model") if args.draft else None,
+    model, draft = resolve_models(args.model, args.draft)
+    return Session(EngineConfig(model=model, draft=draft,
                                 speculation=not args.no_speculation, n_ctx=args.ctx,
                                 personal=not args.no_personal,
                                 n_gpu_layers=args.gpu_layers,
@@ -191,6 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_chat(sub)
     _add_bench(sub)
     add_ngram(sub)
+    add_models_commands(sub)
     return parser
 
 

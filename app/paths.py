@@ -1,6 +1,8 @@
-"""Model paths given on the command line: an existing file (or a transformers folder for a draft)."""
+"""Model paths given on the command line: an existing file (or a transformers folder for a draft),
+or the name of an installed model."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from localspec.engine.errors import LocalspecError
@@ -13,3 +15,30 @@ def model_path(value: str, what: str) -> Path:
     raise LocalspecError(f"{what} not found", f"'{value}' is not an existing file or folder",
                          "Pass the path of a .gguf file (a transformers folder for a PyTorch "
                          "draft); named models arrive with `localspec pull`")
+
+
+def resolve_models(model: str, draft: str | None) -> tuple[Path, Path | None]:
+    """--model / --draft as given: an existing path is used as before; otherwise --model may be an
+    installed model's name (localspec import / pull), whose registered draft is used unless --draft
+    is given."""
+    if Path(model).expanduser().exists() or not _looks_like_name(model):
+        return model_path(model, "Model"), (model_path(draft, "Draft model") if draft else None)
+    from localspec.models import library
+
+    entry = library.get_model(model)
+    if entry is None:
+        raise library.not_installed(model)
+    files = [entry.target] + ([entry.draft] if entry.draft and not draft else [])
+    for f in files:
+        if not f.path.is_file():
+            raise LocalspecError(f"Model '{model}' is missing a file",
+                                 f"'{f.path}' no longer exists",
+                                 f"Run: localspec rm {model}, then import or pull it again")
+    if draft:
+        return entry.target.path, model_path(draft, "Draft model")
+    return entry.target.path, entry.draft.path if entry.draft else None
+
+
+def _looks_like_name(value: str) -> bool:
+    """A bare name (no path separator, not a .gguf file name) rather than a path."""
+    return "/" not in value and os.sep not in value and not value.lower().endswith(".gguf")
