@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from localspec.engine.config import DraftLimits, GenerationRequest, SamplingParams, TreeBudget
-from localspec.engine.decode import Engine, Generation
+from localspec.engine.decode import Engine, Generation, drain
 from localspec.engine.drafters.base import Drafter
 from localspec.engine.drafters.llama_draft import LlamaDraft
 from localspec.engine.drafters.maxgram import MaxGram
@@ -116,7 +116,7 @@ def run_bench(target: Path, draft: Path | None, prompts: Sequence[Prompt], names
             plain_tokens = None
             for name, engine in engines.items():
                 request = GenerationRequest(prompt.tokens, max_tokens, sampling)
-                gen = _drain(engine.generate(request))
+                gen = drain(engine.generate(request))
                 if name == "plain":
                     plain_tokens = gen.tokens
                     results[name].add(gen, None, None)
@@ -141,14 +141,6 @@ def _divergence_gap(model: LlamaModel, prompt: Sequence[int], plain: list[int],
     if i < 0 or i >= min(len(plain), len(spec)):
         return None if i < 0 else 0.0
     return top2_gap(model, list(prompt) + plain[:i])
-
-
-def _drain(gen) -> Generation:
-    while True:
-        try:
-            next(gen)
-        except StopIteration as stop:
-            return stop.value
 
 
 def _report(results: dict[str, ConfigResult], target: Path, draft: Path | None, n: int,

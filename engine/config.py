@@ -2,6 +2,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .budget import Arm
 
 
 @dataclass(frozen=True)
@@ -34,7 +38,7 @@ class TreeBudget:
     max_nodes: int = 16
     adaptive: bool = False
 
-    def arms(self, with_models: bool = True) -> tuple["Arm", ...]:
+    def arms(self, with_models: bool = True) -> tuple[Arm, ...]:
         """Fixed: the one tree size. Adaptive: plain, free drafters alone, and all drafters, at a
         few sizes up to max_nodes."""
         from .budget import Arm

@@ -34,6 +34,15 @@ class Generation:
     stats: DecodeStats | None = None
 
 
+def drain(stream: Iterator[str]) -> Generation:
+    """Run a generation stream to its end; its Generation."""
+    while True:
+        try:
+            next(stream)
+        except StopIteration as stop:
+            return stop.value
+
+
 class Engine:
     def __init__(self, target: Target, stages: Sequence[Drafter] = (),
                  budget: TreeBudget = TreeBudget()) -> None:

@@ -12,7 +12,7 @@ from typing import Iterator, Sequence
 
 from .chat import render_chat
 from .config import DraftLimits, GenerationRequest, SamplingParams, TreeBudget
-from .decode import Engine, Generation
+from .decode import Engine, Generation, drain
 from .drafters.base import Drafter
 from .drafters.llama_draft import LlamaDraft
 from .drafters.maxgram import MaxGram
@@ -85,13 +85,15 @@ class Session:
                     stages.append(PersonalNgram(self.store))
                 if cfg.draft is not None:
                     stages.append(_load_draft(cfg.draft, self.model, cfg))
+            self.stages = stages
+            self.engine = Engine(Target(self.model), stages, cfg.budget if cfg.speculation else TreeBudget(0))
         except BaseException:
+            for d in stages:
+                d.close()
             if self.store is not None:
                 self.store.close()
             self.model.close()
             raise
-        self.stages = stages
-        self.engine = Engine(Target(self.model), stages, cfg.budget if cfg.speculation else TreeBudget(0))
 
     def chat_prompt(self, messages: Sequence[dict]) -> list[int]:
         m = self.model
@@ -110,12 +112,7 @@ class Session:
     def run(self, tokens: Sequence[int], *, max_tokens: int = 256,
             sampling: SamplingParams = SamplingParams(), stop: Sequence[str] = ()) -> Generation:
         """Generate to the end without streaming."""
-        gen = self.generate(tokens, max_tokens=max_tokens, sampling=sampling, stop=stop)
-        while True:
-            try:
-                next(gen)
-            except StopIteration as stop:
-                return stop.value
+        return drain(self.generate(tokens, max_tokens=max_tokens, sampling=sampling, stop=stop))
 
     def learn(self, conversation_id: str, tokens: Sequence[int]) -> None:
         """Feed a finished exchange (the whole conversation's tokens) to the personal drafter."""

@@ -47,14 +47,20 @@ def example_tree(root: int, toks: list[int]) -> DraftTree:
     return t
 
 
-def test_tree_logits_equal_each_paths_own_logits(models, tiny):
-    model, ref = models
-    context = model.tokenize("def add(a, b):\n    return", special=False)
+def verified(model: LlamaModel, text: str, tokens: list[int]):
+    """A target holding `text` with the example tree of `tokens` verified: (context, target, tree, rows)."""
+    context = model.tokenize(text, special=False)
     target = Target(model)
     target.reset()
     target.prefill(context[:-1])
-    tree = example_tree(context[-1], [11, 12, 13, 14, 15, 16, 17])
+    tree = example_tree(context[-1], tokens)
     rows = target.verify(tree).copy()
+    return context, target, tree, rows
+
+
+def test_tree_logits_equal_each_paths_own_logits(models, tiny):
+    model, ref = models
+    context, target, tree, rows = verified(model, "def add(a, b):\n    return", [11, 12, 13, 14, 15, 16, 17])
     for node in range(tree.n):
         path = context + tree.path_tokens(node)
         expect = fresh_logits(ref, path)[-1]
@@ -65,12 +71,7 @@ def test_tree_logits_equal_each_paths_own_logits(models, tiny):
 @pytest.mark.parametrize("accept", ["none", "first-branch", "second-branch-deep", "leaf"])
 def test_commit_leaves_cache_as_fresh_evaluation(models, accept):
     model, ref = models
-    context = model.tokenize("for i in range(10):\n", special=False)
-    target = Target(model)
-    target.reset()
-    target.prefill(context[:-1])
-    tree = example_tree(context[-1], [21, 22, 23, 24, 25, 26, 27])
-    target.verify(tree)
+    context, target, tree, _ = verified(model, "for i in range(10):\n", [21, 22, 23, 24, 25, 26, 27])
     path = {"none": (), "first-branch": (1, 3), "second-branch-deep": (2, 5, 6),
             "leaf": (1, 3, 7)}[accept]
     target.commit(tree, path)
