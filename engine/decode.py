@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -32,6 +32,7 @@ class Generation:
     tokens: list[int] = field(default_factory=list)
     finish_reason: str = ""          # "stop" (EOS or stop string), "length", "context"
     stats: DecodeStats | None = None
+    sources: list[str] = field(default_factory=list)   # per token: the drafter that proposed it, or "target"
 
 
 def drain(stream: Iterator[str]) -> Generation:
@@ -59,8 +60,13 @@ class Engine:
         self._fixed = arms[0]
         self._tree = DraftTree(capacity=max(2, budget.max_nodes + 1))
 
-    def generate(self, request: GenerationRequest) -> Iterator[str]:
-        """Stream text pieces; the generator's return value is the Generation."""
+    def generate(self, request: GenerationRequest,
+                 observer: Callable[[list[int], list[str]], None] | None = None) -> Iterator[str]:
+        """Stream text pieces; the generator's return value is the Generation.
+
+        observer, when given, is called once per round before that round's text is yielded, with
+        the round's emitted tokens and, for each, the name of the drafter that proposed it
+        ("target" for the token the target chose itself): what an app colours tokens by."""
         prompt = list(request.tokens)
         if not prompt:
             raise LocalspecError("Empty prompt", "the prompt has no tokens", "Pass some text")
@@ -101,6 +107,12 @@ class Engine:
             stats.record_round(tree, walk.path)
             new = [int(tree.tokens[n]) for n in walk.path] + [walk.token]
             text, emitted, reason = self._emit(new, result, stream, request.max_tokens)
+            if emitted:
+                names = [self.stages[int(tree.drafter[n])].name for n in walk.path[:emitted]]
+                names += ["target"] * (emitted - len(names))
+                result.sources += names
+                if observer is not None:
+                    observer(result.tokens[-emitted:], names)
             stats.tokens = len(result.tokens)
             stats.drafted_tokens += min(len(walk.path), emitted)
             for d in self.stages:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 from .chat import render_chat
 from .config import DraftLimits, GenerationRequest, SamplingParams, TreeBudget
@@ -106,8 +106,11 @@ class Session:
         return self.model.tokenize(text, special=False)
 
     def generate(self, tokens: Sequence[int], *, max_tokens: int = 256,
-                 sampling: SamplingParams = SamplingParams(), stop: Sequence[str] = ()) -> Iterator[str]:
-        return self.engine.generate(GenerationRequest(tuple(tokens), max_tokens, sampling, tuple(stop)))
+                 sampling: SamplingParams = SamplingParams(), stop: Sequence[str] = (),
+                 observer: Callable[[list[int], list[str]], None] | None = None) -> Iterator[str]:
+        """Stream text pieces (see Engine.generate for observer); the return value is the Generation."""
+        return self.engine.generate(GenerationRequest(tuple(tokens), max_tokens, sampling, tuple(stop)),
+                                    observer)
 
     def run(self, tokens: Sequence[int], *, max_tokens: int = 256,
             sampling: SamplingParams = SamplingParams(), stop: Sequence[str] = ()) -> Generation:

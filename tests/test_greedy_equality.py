@@ -6,6 +6,7 @@ import pytest
 
 from localspec.engine.config import TreeBudget
 from localspec.engine.config import DraftLimits
+from localspec.engine.decode import drain
 from localspec.engine.session import EngineConfig, Session
 
 from equality import check_same_or_near_tie
@@ -64,8 +65,30 @@ def test_speculative_greedy_equals_plain(tiny, plain, name):
             note = check_same_or_near_tie(plain_session.model, tokens, expect, result.tokens, 0.05)
             assert not note, note  # the tiny F32 models have clear margins: demand identity
             assert result.stats.tokens == len(result.tokens)
+            # each emitted token names its proposer; the drafters' counts agree with the stats
+            assert len(result.sources) == len(result.tokens)
+            for s in result.stats.stages:
+                assert result.sources.count(s.name) <= sum(s.accepted)
+            assert result.sources.count("target") >= result.stats.target_calls - 1
             accepted += sum(sum(s.accepted) for s in result.stats.stages)
             assert result.stats.target_calls <= len(result.tokens) + 1
     finally:
         session.close()
     assert accepted > 0, f"{name}: no drafted token was ever accepted"
+
+
+def test_observer_sees_every_emitted_token_with_its_source(tiny, plain):
+    session = Session(EngineConfig(tiny.target_gguf, draft=tiny.draft_gguf, n_ctx=512, n_threads=1,
+                                   budget=TreeBudget(max_nodes=8)))
+    plain_session, outputs = plain
+    seen_tokens, seen_sources = [], []
+    try:
+        tokens, expect = outputs[PROMPTS[0]]
+        result = drain(session.generate(tokens, max_tokens=MAX_TOKENS,
+                                        observer=lambda t, s: (seen_tokens.extend(t), seen_sources.extend(s))))
+    finally:
+        session.close()
+    assert seen_tokens == result.tokens == expect
+    assert seen_sources == result.sources
+    assert set(seen_sources) <= {"maxgram", "target", session.stages[-1].name}
+    assert any(s != "target" for s in seen_sources)
