@@ -57,6 +57,7 @@ class DraftLimits:
     max_depth: int = 8
     branching: int = 2
     width: int = 4
+    chain: int = 8      # cheaper stages' nodes the draft checks along in each forward (0: off)
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,12 @@ replacement from q (Gumbel top-k), and a later draw may enter the tree only afte
 did, because the verifier assumes child i was drawn from q with children 1..i-1 excluded.
 Children proposed earlier by a cheaper stage are excluded from the draws; in greedy mode a draw equal
 to such a child adopts it (it costs no budget and is expanded further).
+
+Vertical cascade (greedy): the cheaper stages' chains below the nodes of a forward ride along in the
+same forward, so the drafter checks a whole Max-Gram or n-gram continuation in one batch instead of
+decoding it token by token. Their distributions are kept; when a later draw adopts such a node, its
+children are known at once, with no forward. A chain node extends its parent's cache sequence, so a
+chain follows one child per node (the first the cheaper stage proposed).
 """
 from __future__ import annotations
 
@@ -46,6 +52,7 @@ class GrowLimits:
     max_depth: int    # below the root
     branching: int    # children per node
     width: int        # nodes evaluated per forward
+    chain: int = 8    # cheaper stages' nodes checked along per forward (greedy vertical cascade)
 
 
 class _Draws:
@@ -94,6 +101,8 @@ def grow(tree: DraftTree, stage: int, limits: GrowLimits, sampling: SamplingPara
             tick += 1
             heapq.heappush(heap, (-(tree.logp[d.node] + d.logq[d.next]), tick, d))
 
+    known: dict[int, Dist] = {}   # cheaper stages' nodes evaluated along, not yet adopted
+    cascade = sampling.greedy and limits.chain > 0
     push(_draws_for(tree, 0, ev.evaluate_root(tree), limits.branching, sampling, rng))
     while heap and added < budget:
         batch: list[int] = []
@@ -105,11 +114,34 @@ def grow(tree: DraftTree, stage: int, limits: GrowLimits, sampling: SamplingPara
             if node < 0:
                 node = tree.add(d.node, token, tree.logp[d.node] + lq, stage, d.proposal)
                 added += 1
+            elif tree.drafter[node] != stage:
+                tree.logp[node] = tree.logp[d.node] + lq   # adopted: its path logp under this drafter
             push(d)  # the next draw of the same parent becomes eligible
             if tree.depth[node] < limits.max_depth:
-                batch.append(node)
+                dist = known.pop(node, None)
+                if dist is not None:      # checked along earlier: expand without a forward
+                    push(_draws_for(tree, node, dist, limits.branching, sampling, rng))
+                else:
+                    batch.append(node)
         if not batch or added >= budget:
             break
-        for node, dist in zip(batch, ev.evaluate(tree, batch)):
+        along = _chains_below(tree, batch, stage, limits) if cascade else []
+        dists = ev.evaluate(tree, batch + along)
+        for node, dist in zip(batch, dists):
             push(_draws_for(tree, node, dist, limits.branching, sampling, rng))
+        known.update(zip(along, dists[len(batch):]))
     return added
+
+
+def _chains_below(tree: DraftTree, batch: list[int], stage: int, limits: GrowLimits) -> list[int]:
+    """Cheaper stages' nodes below `batch`: one chain per batch node (first child each step), in
+    parent-before-child order, at most `limits.chain` in all, none at the depth limit."""
+    out: list[int] = []
+    for node in batch:
+        while len(out) < limits.chain:
+            kids = tree.children[node]
+            if not kids or tree.drafter[kids[0]] == stage or tree.depth[kids[0]] >= limits.max_depth:
+                break
+            node = kids[0]
+            out.append(node)
+    return out

@@ -61,7 +61,7 @@ class LlamaDraft:
         room = self.model.n_ctx - len(self._context) - 1
         limits = GrowLimits(budget=min(budget, room, self.model.n_seq_max - 2),
                             max_depth=self.limits.max_depth, branching=self.limits.branching,
-                            width=self.limits.width)
+                            width=self.limits.width, chain=self.limits.chain)
         self._sampling = sampling
         self._tree = tree
         try:
