@@ -15,15 +15,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-from localspec.engine.config import DraftLimits, GenerationRequest, SamplingParams, TreeBudget
+from localspec.engine.config import (
+    DraftLimits,
+    GenerationRequest,
+    SamplingParams,
+    TreeBudget,
+)
 from localspec.engine.decode import Engine, Generation, drain
 from localspec.engine.drafters.base import Drafter
 from localspec.engine.drafters.llama_draft import LlamaDraft
 from localspec.engine.drafters.maxgram import MaxGram
-from localspec.engine.llama_model import LlamaModel, default_threads, gpu_offload_supported
+from localspec.engine.drafters.ngram import PersonalNgram
+from localspec.engine.errors import LocalspecError
+from localspec.engine.llama_model import (
+    LlamaModel,
+    default_threads,
+    gpu_offload_supported,
+)
 from localspec.engine.numerics import first_difference, top2_gap
 from localspec.engine.session import EngineConfig, Session
 
+from .humaneval_check import pass_at_1
 from .workloads import Prompt
 
 
@@ -38,13 +50,14 @@ class BenchConfig:
 CONFIGS = {
     "plain": BenchConfig("plain", (), TreeBudget(0)),
     "maxgram": BenchConfig("maxgram", ("maxgram",), TreeBudget(max_nodes=8)),
+    "ngram": BenchConfig("ngram", ("ngram",), TreeBudget(max_nodes=8)),
     "draft-linear": BenchConfig("draft-linear", ("draft",), TreeBudget(max_nodes=4),
                                 DraftLimits(max_depth=4, branching=1, width=1)),
     "draft-tree": BenchConfig("draft-tree", ("draft",), TreeBudget(max_nodes=8),
                               DraftLimits(max_depth=5, branching=2, width=4)),
-    "staged": BenchConfig("staged", ("maxgram", "draft"), TreeBudget(max_nodes=8),
-                          DraftLimits(max_depth=5, branching=2, width=4)),
-    "adaptive": BenchConfig("adaptive", ("maxgram", "draft"), TreeBudget(max_nodes=16, adaptive=True),
+    "staged": BenchConfig("staged", ("maxgram", "ngram", "draft"), TreeBudget(max_nodes=12),
+                          DraftLimits(max_depth=6, branching=2, width=4)),
+    "adaptive": BenchConfig("adaptive", ("maxgram", "ngram", "draft"), TreeBudget(max_nodes=16, adaptive=True),
                             DraftLimits(max_depth=6, branching=2, width=4)),
 }
 
@@ -60,6 +73,7 @@ class ConfigResult:
     gaps: list[float] = field(default_factory=list)   # plain's top-2 gap where outputs part
     stages: dict[str, dict] = field(default_factory=dict)
     outputs: list[list[int]] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
 
     @property
     def tok_s(self) -> float:
@@ -75,6 +89,7 @@ class ConfigResult:
         if gap is not None:
             self.gaps.append(gap)
         self.outputs.append(gen.tokens)
+        self.texts.append(gen.text)
         for s in st.stages:
             agg = self.stages.setdefault(s.name, {"proposed": [], "accepted": []})
             for key, values in (("proposed", s.proposed), ("accepted", s.accepted)):
@@ -84,8 +99,10 @@ class ConfigResult:
                     row[d] += v
 
 
-def _engines(target_session: Session, draft_model: LlamaModel | None,
+def _engines(target_session: Session, draft_model: LlamaModel | None, store,
              names: Sequence[str]) -> dict[str, Engine]:
+    """One Engine per configuration over the shared target; a configuration that needs a missing
+    draft model or n-gram store is skipped."""
     engines = {}
     for name in names:
         cfg = CONFIGS[name]
@@ -93,23 +110,28 @@ def _engines(target_session: Session, draft_model: LlamaModel | None,
         for stage in cfg.stages:
             if stage == "maxgram":
                 stages.append(MaxGram())
-            elif draft_model is not None:
+            elif stage == "ngram" and store is not None:
+                stages.append(PersonalNgram(store))
+            elif stage == "draft" and draft_model is not None:
                 stages.append(LlamaDraft(draft_model, cfg.draft_limits))
-        if "draft" in cfg.stages and draft_model is None:
+        if len(stages) < len(cfg.stages):
             continue
         engines[name] = Engine(target_session.engine.target, stages, cfg.budget)
     return engines
 
 
 def run_bench(target: Path, draft: Path | None, prompts: Sequence[Prompt], names: Sequence[str],
-              max_tokens: int, sampling: SamplingParams, n_ctx: int,
-              progress: Callable[[str], None] = lambda s: None) -> dict:
+              max_tokens: int, sampling: SamplingParams, n_ctx: int, store=None,
+              progress: Callable[[str], None] = lambda s: None, check: bool = True) -> dict:
+    """Run every configuration on every prompt; the report. `store`: the n-gram store the "ngram"
+    stage reads (configurations with that stage are skipped without one). `check`: HumanEval
+    pass@1 for prompts that carry a problem."""
     max_nodes = max(CONFIGS[n].budget.max_nodes for n in names)
     session = Session(EngineConfig(target, speculation=True, maxgram=False, n_ctx=n_ctx,
                                    budget=TreeBudget(max_nodes=max_nodes)))
     draft_model = (LlamaModel(draft, n_ctx=n_ctx, n_seq_max=max_nodes + 2) if draft else None)
     try:
-        engines = _engines(session, draft_model, names)
+        engines = _engines(session, draft_model, store, names)
         results = {name: ConfigResult(name) for name in engines}
         started = time.time()
         for i, prompt in enumerate(prompts):
@@ -126,12 +148,58 @@ def run_bench(target: Path, draft: Path | None, prompts: Sequence[Prompt], names
                 results[name].add(gen, plain_tokens, gap)
             progress(f"[{i + 1}/{len(prompts)}] {prompt.name}  " + "  ".join(
                 f"{n} {r.tok_s:.1f}" for n, r in results.items()) + " tok/s")
-        return _report(results, target, draft, len(prompts), max_tokens, sampling, time.time() - started,
-                       session.model)
+        report = _report(results, target, draft, len(prompts), max_tokens, sampling,
+                         time.time() - started, session.model)
+        problems = [p.problem for p in prompts]
+        if check and all(problems):
+            progress("checking HumanEval completions (pass@1)")
+            cache: dict = {}
+            for row, r in zip(report["rows"], results.values()):
+                row["pass_at_1"] = f"{pass_at_1(problems, r.texts, cache)}/{len(problems)}"
+        return report
     finally:
         if draft_model is not None:
             draft_model.close()
         session.close()
+
+
+_LEARN_SUFFIXES = (".py", ".md", ".txt")
+
+
+def open_ngram_store(model: Path, learn: Sequence[str], max_tokens: int,
+                     tokenize: Callable[[str], list[int]], scratch: Path | None):
+    """The store the "ngram" stage reads: the user's personal store, or (with `learn`) a scratch
+    store built from those files for this run. Returns (store, a description of its source)."""
+    from localspec.models.ngram_store import NgramStore, vocab_key
+
+    if not learn:
+        store = NgramStore.open(vocab_key(model), label=model.name)
+        info = store.info()
+        return store, f"personal store: {info.n_sources} sources, {info.n_ngrams} n-grams"
+    files: list[Path] = []
+    for item in learn:
+        path = Path(item).expanduser()
+        if path.is_dir():
+            files += sorted(f for f in path.rglob("*") if f.suffix in _LEARN_SUFFIXES and f.is_file())
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise LocalspecError("Nothing to learn from", f"'{item}' is not a file or folder",
+                                 "Pass existing files or folders to --learn")
+    store = NgramStore.open(vocab_key(model), scratch / "bench-ngrams.sqlite")
+    total, used = 0, 0
+    for f in files:
+        if total >= max_tokens:
+            break
+        try:
+            text = f.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue
+        tokens = tokenize(text)
+        store.add("file", str(f), tokens)
+        total += len(tokens)
+        used += 1
+    return store, f"{used} files from {', '.join(learn)}: {total} tokens"
 
 
 def _divergence_gap(model: LlamaModel, prompt: Sequence[int], plain: list[int],
@@ -169,14 +237,14 @@ def format_table(report: dict) -> str:
     lines = [f"{report['prompts']} prompts, {report['max_tokens']} max new tokens, "
              f"T={report['temperature']}, machine: {report['machine']}",
              f"{'config':<14}{'tok/s':>8}{'speedup':>9}{'tok/call':>10}{'identical':>11}{'max gap':>9}"
-             "  acceptance",
+             f"{'pass@1':>9}  acceptance",
              "-" * 90]
     for r in report["rows"]:
         acc = "  ".join(f"{k} {100 * v['acceptance']:.0f}%" for k, v in r["stages"].items())
         sp = f"{r['speedup']:.2f}x" if r["speedup"] is not None else "-"
         gap = f"{r['max_gap_at_difference']:.3f}" if r["max_gap_at_difference"] is not None else "-"
         lines.append(f"{r['config']:<14}{r['tok_s']:>8.2f}{sp:>9}{r['tokens_per_call']:>10.2f}"
-                     f"{r['identical']:>11}{gap:>9}  {acc}")
+                     f"{r['identical']:>11}{gap:>9}{r.get('pass_at_1', '-'):>9}  {acc}")
     return "\n".join(lines)
 
 

@@ -9,6 +9,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
@@ -148,9 +149,16 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--top-p", type=float, default=0.95, help="nucleus filter when sampling (llama.cpp default 0.95)")
     p.add_argument("--top-k", type=int, default=40, help="top-k filter when sampling (llama.cpp default 40; 0 = off)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--configs", default="plain,maxgram,draft-linear,draft-tree,staged,adaptive",
-                   help="comma-separated: plain,maxgram,draft-linear,draft-tree,staged,adaptive")
+    p.add_argument("--configs", default="plain,maxgram,ngram,draft-linear,draft-tree,staged,adaptive",
+                   help="comma-separated: plain,maxgram,ngram,draft-linear,draft-tree,staged,adaptive")
     p.add_argument("--ctx", type=int, default=4096)
+    p.add_argument("--learn", action="append", default=[], metavar="PATH",
+                   help="build the n-gram stage from these files or folders (their *.py, *.md, *.txt) "
+                        "in a scratch store for this run; default: your personal store")
+    p.add_argument("--learn-max-tokens", type=int, default=2_000_000,
+                   help="stop reading --learn files after this many tokens")
+    p.add_argument("--no-exec", action="store_true",
+                   help="skip HumanEval pass@1 (it runs the generated code in a guarded child process)")
     p.add_argument("--out", default="bench-out", help="folder for bench.json and bench.png")
     p.set_defaults(run=cmd_bench)
 
@@ -170,13 +178,23 @@ def cmd_bench(args: argparse.Namespace) -> int:
     model = model_path(args.model, "Model")
     draft = model_path(args.draft, "Draft model") if args.draft else None
     probe = Session(EngineConfig(model, speculation=False, n_ctx=args.ctx))
+    scratch = tempfile.TemporaryDirectory(prefix="localspec-bench-") if args.learn else None
     try:
         prompts = workloads.build(args.workload, args.limit, probe.raw_prompt, probe.chat_prompt)
+        store, learnt = bench.open_ngram_store(model, args.learn, args.learn_max_tokens, probe.raw_prompt,
+                                               Path(scratch.name) if scratch else None)
     finally:
         probe.close()
-    report = bench.run_bench(model, draft, prompts, names, args.max_tokens, sampling, args.ctx,
-                             progress=lambda line: print(line, file=sys.stderr, flush=True))
+    try:
+        report = bench.run_bench(model, draft, prompts, names, args.max_tokens, sampling, args.ctx,
+                                 store=store, check=not args.no_exec,
+                                 progress=lambda line: print(line, file=sys.stderr, flush=True))
+    finally:
+        store.close()
+        if scratch:
+            scratch.cleanup()
     report["workload"] = args.workload
+    report["ngram_source"] = learnt
     print(bench.format_table(report))
     for path in bench.write_outputs(report, Path(args.out)):
         print(f"wrote {path}")

@@ -27,6 +27,7 @@ EDITS = (
 class Prompt:
     name: str
     tokens: tuple[int, ...]
+    problem: dict | None = None    # humaneval: the problem, whose tests give pass@1
 
 
 def humaneval_problems() -> list[dict]:
@@ -43,7 +44,7 @@ def build(workload: str, limit: int | None, raw: Callable[[str], list[int]],
           chat: Callable[[list[dict]], list[int]]) -> list[Prompt]:
     problems = humaneval_problems()[:limit]
     if workload == "humaneval":
-        return [Prompt(p["task_id"], tuple(raw(p["prompt"]))) for p in problems]
+        return [Prompt(p["task_id"], tuple(raw(p["prompt"])), p) for p in problems]
     if workload == "edit":
         out = []
         for i, p in enumerate(problems):

@@ -54,7 +54,7 @@ class Engine:
         self.target = target
         self.stages = list(stages)
         self.budget = budget
-        with_models = any(d.uses_model for d in self.stages)
+        with_models = self._has_models = any(d.uses_model for d in self.stages)
         arms = budget.arms(with_models) if self.stages else (Arm(0),)
         self.controller = AdaptiveBudget(arms) if len(arms) > 1 else None
         self._fixed = arms[0]
@@ -155,12 +155,17 @@ class Engine:
     def _propose(self, tree: DraftTree, shape: Arm, sampling: SamplingParams,
                  rng: np.random.Generator) -> None:
         room = min(shape.nodes, self.target.room - 1, tree.capacity - 1)
+        # With a model drafter after them, the free stages fill at most half the tree: the model
+        # checks their chains along (vertical cascade) and spends the rest on its own guesses.
+        free_room = room // 2 if shape.models and self._has_models else room
         for stage, d in enumerate(self.stages):
             if d.uses_model and not shape.models:
                 continue
-            budget = room - (tree.n - 1)
+            budget = (room if d.uses_model else free_room) - (tree.n - 1)
             if budget <= 0:
-                break
+                if d.uses_model:
+                    break
+                continue
             d.propose(tree, stage, budget, sampling, rng)
 
     @staticmethod

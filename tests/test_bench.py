@@ -1,0 +1,94 @@
+"""`localspec bench` on the tiny real models: every configuration runs side by side, the
+"identical" column is each configuration's tokens compared with plain decoding's, and HumanEval
+pass@1 runs the package's own tests on the completions."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from localspec.app import bench
+from localspec.app.humaneval_check import pass_at_1, truncate
+from localspec.app.workloads import Prompt, humaneval_problems
+from localspec.engine.config import SamplingParams
+from localspec.engine.session import EngineConfig, Session
+from localspec.models.ngram_store import NgramStore, vocab_key
+
+from tiny_models import held_out_corpus
+
+
+@pytest.fixture(scope="module")
+def tiny_prompts(tiny):
+    session = Session(EngineConfig(tiny.target_gguf, speculation=False, n_ctx=512, n_threads=1))
+    try:
+        docs = held_out_corpus(8)
+        return [Prompt(f"doc{i}", tuple(session.raw_prompt(d[:80]))) for i, d in enumerate(docs[:4])]
+    finally:
+        session.close()
+
+
+def test_all_configurations_side_by_side_with_identity_computed(tiny, tiny_prompts, tmp_path):
+    store = NgramStore.open(vocab_key(tiny.target_gguf), tmp_path / "ngrams.sqlite")
+    session = Session(EngineConfig(tiny.target_gguf, speculation=False, n_ctx=512, n_threads=1))
+    for i, doc in enumerate(held_out_corpus(60)[10:]):
+        store.add("file", f"doc{i}", session.raw_prompt(doc))
+    session.close()
+    try:
+        report = bench.run_bench(tiny.target_gguf, tiny.draft_gguf, tiny_prompts, list(bench.CONFIGS),
+                                 24, SamplingParams(), 512, store=store)
+    finally:
+        store.close()
+    rows = {r["config"]: r for r in report["rows"]}
+    assert list(rows) == list(bench.CONFIGS)
+    n = len(tiny_prompts)
+    for name, row in rows.items():
+        assert row["identical"] == f"{n}/{n}", (name, row)   # greedy on F32 tiny models: exact
+        assert row["tokens"] > 0 and row["tok_s"] > 0 and row["speedup"] > 0
+        assert row["tokens_per_call"] >= rows["plain"]["tokens_per_call"] > 0
+        assert "pass_at_1" not in row                          # these prompts carry no problem
+    assert rows["plain"]["speedup"] == 1.0 and rows["plain"]["stages"] == {}
+    assert set(rows["staged"]["stages"]) == {"maxgram", "personal-ngram", "gguf-draft"}
+    ngram = rows["ngram"]["stages"]["personal-ngram"]
+    assert sum(ngram["proposed_by_depth"]) > 0 and sum(ngram["accepted_by_depth"]) > 0
+    assert len(ngram["accepted_by_depth"]) == len(ngram["proposed_by_depth"])
+
+
+def test_identical_counts_what_matches_plain(tiny, tiny_prompts):
+    """At T=0.8 speculative runs draw differently from plain: 'identical' must say so, not assume."""
+    report = bench.run_bench(tiny.target_gguf, tiny.draft_gguf, tiny_prompts, ["plain", "draft-tree"],
+                             24, SamplingParams(temperature=1.5, seed=3), 512, check=False)
+    row = next(r for r in report["rows"] if r["config"] == "draft-tree")
+    same, total = map(int, row["identical"].split("/"))
+    assert total == len(tiny_prompts) and same < total
+
+
+def test_pass_at_1_runs_the_problem_tests():
+    problems = humaneval_problems()[:2]
+    good = [p["canonical_solution"] + "\n\ndef unrelated():\n    pass\n" for p in problems]
+    assert truncate(good[0]) == problems[0]["canonical_solution"] + "\n"
+    assert pass_at_1(problems, good, {}) == 2
+    wrong = ["    return None\n", problems[1]["canonical_solution"]]
+    assert pass_at_1(problems, wrong, {}) == 1
+
+
+def test_bench_command_writes_table_json_and_learns_a_scratch_store(tiny, tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i, doc in enumerate(held_out_corpus(30)):
+        (corpus / f"doc{i}.py").write_text(doc)
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, "-m", "localspec.app.cli", "bench", "--model", str(tiny.target_gguf),
+         "--draft", str(tiny.draft_gguf), "--workload", "humaneval", "--limit", "2",
+         "--max-tokens", "12", "--ctx", "1024", "--configs", "plain,ngram,staged",
+         "--learn", str(corpus), "--out", str(out)],
+        capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "pass@1" in proc.stdout and "staged" in proc.stdout
+    report = json.loads((out / "bench.json").read_text())
+    assert [r["config"] for r in report["rows"]] == ["plain", "ngram", "staged"]
+    assert all(r["pass_at_1"].endswith("/2") for r in report["rows"])
+    assert report["ngram_source"].startswith("30 files")
