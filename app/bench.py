@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
+from localspec.engine.calibrate import Costs, calibrate
 from localspec.engine.config import (
     DraftLimits,
     GenerationRequest,
@@ -100,7 +101,7 @@ class ConfigResult:
 
 
 def _engines(target_session: Session, draft_model: LlamaModel | None, store,
-             names: Sequence[str]) -> dict[str, Engine]:
+             names: Sequence[str], costs: Costs | None) -> dict[str, Engine]:
     """One Engine per configuration over the shared target; a configuration that needs a missing
     draft model or n-gram store is skipped."""
     engines = {}
@@ -116,7 +117,8 @@ def _engines(target_session: Session, draft_model: LlamaModel | None, store,
                 stages.append(LlamaDraft(draft_model, cfg.draft_limits))
         if len(stages) < len(cfg.stages):
             continue
-        engines[name] = Engine(target_session.engine.target, stages, cfg.budget)
+        engines[name] = Engine(target_session.engine.target, stages, cfg.budget,
+                               costs if cfg.budget.adaptive else None)
     return engines
 
 
@@ -131,7 +133,9 @@ def run_bench(target: Path, draft: Path | None, prompts: Sequence[Prompt], names
                                    budget=TreeBudget(max_nodes=max_nodes)))
     draft_model = (LlamaModel(draft, n_ctx=n_ctx, n_seq_max=max_nodes + 2) if draft else None)
     try:
-        engines = _engines(session, draft_model, store, names)
+        costs = (calibrate(session.model, draft_model, max_nodes)
+                 if any(CONFIGS[n].budget.adaptive for n in names) else None)
+        engines = _engines(session, draft_model, store, names, costs)
         results = {name: ConfigResult(name) for name in engines}
         started = time.time()
         for i, prompt in enumerate(prompts):
@@ -150,6 +154,9 @@ def run_bench(target: Path, draft: Path | None, prompts: Sequence[Prompt], names
                 f"{n} {r.tok_s:.1f}" for n, r in results.items()) + " tok/s")
         report = _report(results, target, draft, len(prompts), max_tokens, sampling,
                          time.time() - started, session.model)
+        if costs is not None:
+            report["calibration"] = costs.to_dict()
+            report["dropped_arms"] = {n: [str(a) for a in e.dropped] for n, e in engines.items() if e.dropped}
         problems = [p.problem for p in prompts]
         if check and all(problems):
             progress("checking HumanEval completions (pass@1)")

@@ -203,6 +203,43 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 
+def _add_calibrate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("calibrate", help="measure what batches cost on this machine (cached; the "
+                                         "adaptive budget uses it)")
+    _add_model_options(p)
+    p.add_argument("--refresh", action="store_true", help="measure again even if cached")
+    p.set_defaults(run=cmd_calibrate)
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from localspec.engine.calibrate import calibrate
+    from localspec.engine.config import TreeBudget
+    from localspec.engine.llama_model import LlamaModel
+
+    model, draft = resolve_models(args.model, args.draft)
+    target = LlamaModel(model, n_ctx=args.ctx, n_seq_max=2, n_gpu_layers=args.gpu_layers)
+    drafter = None
+    try:
+        if draft is not None and draft.suffix == ".gguf":
+            drafter = LlamaModel(draft, n_ctx=args.ctx, n_seq_max=2, n_gpu_layers=args.gpu_layers)
+        costs = calibrate(target, drafter, args.tree_nodes, refresh=args.refresh)
+    finally:
+        target.close()
+        if drafter is not None:
+            drafter.close()
+    print(f"target {model.name}: " + "  ".join(f"{n}: {ms} ms" for n, ms in costs.to_dict()["target_ms"].items()))
+    if costs.draft:
+        print(f"draft {draft.name}: " + "  ".join(f"{n}: {ms} ms" for n, ms in costs.to_dict()["draft_ms"].items()))
+    arms = TreeBudget(max_nodes=args.tree_nodes, adaptive=True).arms(with_models=draft is not None)
+    kept = costs.viable(arms, 4, 6)
+    plain = 1 / costs.target_cost(1)
+    for arm in arms:
+        best = costs.best_case_rate(arm, 4, 6)
+        verdict = "tried" if arm in kept else "never tried: cannot beat plain"
+        print(f"  budget {str(arm):>8}: best case {best:7.1f} tok/s vs plain {plain:.1f}  {verdict}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="localspec", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"localspec {_version()}")
@@ -210,6 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_generate(sub)
     _add_chat(sub)
     _add_bench(sub)
+    _add_calibrate(sub)
     add_ngram(sub)
     add_models_commands(sub)
     return parser

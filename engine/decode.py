@@ -14,6 +14,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from .budget import AdaptiveBudget, Arm
+from .calibrate import Costs
 from .config import GenerationRequest, SamplingParams, TreeBudget
 from .drafters.base import Drafter
 from .errors import LocalspecError, vocab_mismatch
@@ -46,7 +47,9 @@ def drain(stream: Iterator[str]) -> Generation:
 
 class Engine:
     def __init__(self, target: Target, stages: Sequence[Drafter] = (),
-                 budget: TreeBudget = TreeBudget()) -> None:
+                 budget: TreeBudget = TreeBudget(), costs: Costs | None = None) -> None:
+        """costs: this machine's measured batch costs (calibrate.py); with an adaptive budget,
+        tree sizes that could not beat plain decoding even in the best case are never tried."""
         for d in stages:
             vocab = getattr(d, "vocab_size", None)
             if vocab is not None and vocab != target.vocab_size:
@@ -56,6 +59,13 @@ class Engine:
         self.budget = budget
         with_models = self._has_models = any(d.uses_model for d in self.stages)
         arms = budget.arms(with_models) if self.stages else (Arm(0),)
+        self.dropped: tuple[Arm, ...] = ()
+        if costs is not None and len(arms) > 1:
+            limits = next((d.limits for d in self.stages if d.uses_model and hasattr(d, "limits")), None)
+            kept = costs.viable(arms, limits.width if limits else 4, limits.max_depth if limits else 8)
+            self.dropped = tuple(a for a in arms if a not in kept)
+            arms = kept
+        self.costs = costs
         self.controller = AdaptiveBudget(arms) if len(arms) > 1 else None
         self._fixed = arms[0]
         self._tree = DraftTree(capacity=max(2, budget.max_nodes + 1))

@@ -72,7 +72,7 @@ class LlamaModel:
         cparams.n_seq_max = n_seq_max
         cparams.kv_unified = True
         cparams.no_perf = True
-        threads = n_threads or default_threads()
+        threads = self.n_threads = n_threads or default_threads()
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
         self._ctx = lc.llama_init_from_model(self._model, cparams)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
+from .calibrate import calibrate
 from .chat import render_chat
 from .config import DraftLimits, GenerationRequest, SamplingParams, TreeBudget
 from .decode import Engine, Generation, drain
@@ -33,6 +34,7 @@ class EngineConfig:
     n_threads: int | None = None      # None: every core this process may use
     budget: TreeBudget = field(default_factory=TreeBudget)
     draft_limits: DraftLimits = field(default_factory=DraftLimits)
+    calibrate: bool = True            # adaptive budget: measure batch costs (cached) to prune tree sizes
 
 
 def _check_same_vocab(target: LlamaModel, draft: LlamaModel) -> None:
@@ -50,7 +52,9 @@ def _check_same_vocab(target: LlamaModel, draft: LlamaModel) -> None:
 def _load_draft(path: Path, target: LlamaModel, cfg: EngineConfig) -> Drafter:
     path = path.expanduser()
     if path.is_dir():
-        from .drafters.torch_draft import TorchDraft  # torch is heavy: import only when used
+        from .drafters.torch_draft import (
+            TorchDraft,  # torch is heavy: import only when used
+        )
         draft = TorchDraft.load(path, max_len=cfg.n_ctx, limits=cfg.draft_limits)
         if draft.vocab_size != target.vocab_size:
             raise vocab_mismatch(path.name, draft.vocab_size, target.path.name, target.vocab_size)
@@ -86,7 +90,12 @@ class Session:
                 if cfg.draft is not None:
                     stages.append(_load_draft(cfg.draft, self.model, cfg))
             self.stages = stages
-            self.engine = Engine(Target(self.model), stages, cfg.budget if cfg.speculation else TreeBudget(0))
+            self.costs = None
+            if cfg.speculation and cfg.budget.adaptive and cfg.calibrate and stages:
+                draft = next((d.model for d in stages if isinstance(d, LlamaDraft)), None)
+                self.costs = calibrate(self.model, draft, cfg.budget.max_nodes)
+            self.engine = Engine(Target(self.model), stages, cfg.budget if cfg.speculation else TreeBudget(0),
+                                 self.costs)
         except BaseException:
             for d in stages:
                 d.close()

@@ -9,14 +9,12 @@ import subprocess
 import sys
 
 import pytest
-
 from localspec.app import bench
 from localspec.app.humaneval_check import pass_at_1, truncate
 from localspec.app.workloads import Prompt, humaneval_problems
 from localspec.engine.config import SamplingParams
 from localspec.engine.session import EngineConfig, Session
 from localspec.models.ngram_store import NgramStore, vocab_key
-
 from tiny_models import held_out_corpus
 
 

@@ -7,7 +7,6 @@ drafts).
 from __future__ import annotations
 
 import pytest
-
 from localspec.engine.config import DraftLimits, TreeBudget
 from localspec.engine.session import EngineConfig, Session
 

@@ -1,0 +1,180 @@
+"""What a batch of n tokens costs on this machine, measured once per model and machine, and what
+that rules out before a single round is played.
+
+At load, each llama.cpp model (the target, a GGUF draft) decodes batches of 1..N tokens after a
+short context, the models taking turns; the fastest of a few repetitions counts (the others caught
+a noisy neighbour). The curves are cached as JSON under the user data dir for 30 days, keyed by the
+model files (path, size, mtime), the offload, the thread count, the CPU and llama.cpp's build: a new
+machine or model measures again (`localspec calibrate --refresh` does it by hand).
+
+The curve decides which tree budgets the adaptive controller may try at all. A budget whose best
+case loses to plain decoding is dropped: best case means every drafted token accepted along a
+chain as deep as the budget allows, with acceptance `OPTIMISTIC` per depth, against a verify cost
+of n + 1 tokens plus the draft's forwards. On the 2-core CPU a 16-node tree costs 4x a plain step,
+so only small trees survive; on a GPU, where 32 tokens cost 2.6x one, all of them do. What
+survives is then chosen online by measured throughput (`budget.py`).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import platform
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import llama_cpp as lc
+import numpy as np
+
+from .budget import Arm
+from .llama_model import LlamaModel
+
+SIZES = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32)
+OPTIMISTIC = 0.9      # per-token acceptance assumed when asking "could this budget ever win?"
+DRAFT_SIZES = (1, 2, 4, 8)
+MAX_AGE = 30 * 24 * 3600   # seconds a cached measurement is trusted (drivers and builds change)
+_CONTEXT = 64         # tokens before the measured batch
+_REPS = 5
+
+
+@dataclass(frozen=True)
+class Costs:
+    """Seconds per decode of n tokens (keys are n), for the target and the model draft."""
+
+    target: dict[int, float]
+    draft: dict[int, float]
+
+    @staticmethod
+    def _at(curve: dict[int, float], n: int) -> float:
+        sizes = sorted(curve)
+        if n in curve:
+            return curve[n]
+        if n > sizes[-1]:   # beyond the measured range: extend the last slope
+            a, b = sizes[-2], sizes[-1]
+            return curve[b] + (curve[b] - curve[a]) / (b - a) * (n - b)
+        hi = next(s for s in sizes if s > n)
+        lo = max(s for s in sizes if s < n)
+        return curve[lo] + (curve[hi] - curve[lo]) * (n - lo) / (hi - lo)
+
+    def target_cost(self, n: int) -> float:
+        return self._at(self.target, n)
+
+    def draft_cost(self, n: int) -> float:
+        return self._at(self.draft, n) if self.draft else 0.0
+
+    def best_case_rate(self, arm: Arm, width: int, max_depth: int) -> float:
+        """Tokens per second of `arm` if drafts were accepted at OPTIMISTIC along a chain."""
+        if arm.nodes == 0:
+            return 1.0 / self.target_cost(1)
+        depth = min(arm.nodes, max_depth) if arm.models else arm.nodes
+        tokens = (1 - OPTIMISTIC ** (depth + 1)) / (1 - OPTIMISTIC)
+        seconds = self.target_cost(arm.nodes + 1)
+        if arm.models and self.draft:
+            forwards = 1 + math.ceil(arm.nodes / max(1, width))
+            seconds += self.draft_cost(1) + (forwards - 1) * self.draft_cost(min(width, arm.nodes))
+        return tokens / seconds
+
+    def viable(self, arms: Sequence[Arm], width: int, max_depth: int) -> tuple[Arm, ...]:
+        """The arms whose best case beats plain decoding (plain itself always stays)."""
+        plain = 1.0 / self.target_cost(1)
+        return tuple(a for a in arms
+                     if a.nodes == 0 or self.best_case_rate(a, width, max_depth) > plain)
+
+    def to_dict(self) -> dict:
+        return {"target_ms": {n: round(1e3 * s, 2) for n, s in self.target.items()},
+                "draft_ms": {n: round(1e3 * s, 2) for n, s in self.draft.items()}}
+
+
+def measure(models: Sequence[LlamaModel], sizes: Sequence[Sequence[int]],
+            reps: int = _REPS) -> list[dict[int, float]]:
+    """Seconds per decode of n tokens after a short context, for each model and its sizes.
+
+    The models take turns batch by batch, repetition by repetition, so a noisy neighbour slows
+    them alike and their ratios (what the budget compares) hold; the fastest repetition counts.
+    Leaves every model's cache empty."""
+    plans = []
+    for model, wanted in zip(models, sizes):
+        ok = [n for n in wanted if n <= model.n_batch and n + _CONTEXT <= model.n_ctx]
+        model.clear()
+        model.prefill((np.arange(100, 100 + _CONTEXT, dtype=np.int32) % model.vocab_size).tolist(), 0)
+        plans.append((model, ok, {n: math.inf for n in ok}))
+    positions = np.arange(_CONTEXT, _CONTEXT + max(max(p[1], default=1) for p in plans), dtype=np.int32)
+    try:
+        for _ in range(reps):
+            for model, ok, best in plans:
+                for n in ok:
+                    tokens = (np.arange(n, dtype=np.int32) * 7 + 1000) % model.vocab_size
+                    t = time.perf_counter()
+                    model.decode(tokens, positions[:n], logits=True)
+                    best[n] = min(best[n], time.perf_counter() - t)
+                    model.seq_rm(0, _CONTEXT, -1)
+    finally:
+        for model, _, _ in plans:
+            model.clear()
+    return [best for _, _, best in plans]
+
+
+def _fingerprint(models: Sequence[LlamaModel]) -> str:
+    parts = [platform.machine(), _cpu_name(), lc.__version__,
+             lc.llama_print_system_info().decode(errors="replace")]
+    for model in models:
+        st = model.path.stat()
+        parts += [str(model.path.resolve()), str(st.st_size), str(int(st.st_mtime)),
+                  str(model.n_gpu_layers), str(model.n_threads), str(model.n_batch)]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:20]
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def cached_curves(models: Sequence[LlamaModel], sizes: Sequence[Sequence[int]], cache_dir: Path,
+                  refresh: bool = False) -> list[dict[int, float]]:
+    """`measure(models, sizes)`, from the cache when these models were measured on this machine
+    (within MAX_AGE) before."""
+    path = cache_dir / f"{_fingerprint(models)}.json"
+    if not refresh:
+        try:
+            data = json.loads(path.read_text())
+            curves = [{int(n): float(s) for n, s in c.items()} for c in data["seconds"]]
+            fresh = time.time() - float(data["measured"]) < MAX_AGE
+            if fresh and len(curves) == len(models) and all(
+                    all(n in c for n in want if n <= m.n_batch and n + _CONTEXT <= m.n_ctx)
+                    for c, want, m in zip(curves, sizes, models)):
+                return curves
+        except (OSError, ValueError, KeyError, TypeError):
+            pass   # missing or unreadable: measure again
+    curves = measure(models, sizes)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"models": [str(m.path) for m in models], "measured": time.time(),
+                               "seconds": [{str(n): s for n, s in c.items()} for c in curves]}))
+    os.replace(tmp, path)
+    return curves
+
+
+def default_cache_dir() -> Path:
+    from localspec.models.ngram_store import data_dir
+
+    return data_dir() / "calibration"
+
+
+def calibrate(target: LlamaModel, draft: LlamaModel | None, max_nodes: int,
+              cache_dir: Path | None = None, refresh: bool = False) -> Costs:
+    """Cost curves of the target (batches up to max_nodes + 1) and of a GGUF draft."""
+    folder = cache_dir or default_cache_dir()
+    top = max(2, max_nodes + 1)
+    sizes = sorted({n for n in SIZES if n <= top} | {top})
+    if draft is None:
+        return Costs(cached_curves([target], [sizes], folder, refresh)[0], {})
+    t, d = cached_curves([target, draft], [sizes, DRAFT_SIZES], folder, refresh)
+    return Costs(t, d)

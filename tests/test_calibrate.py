@@ -1,0 +1,87 @@
+"""Calibration: batch costs measured on this machine, cached per model and machine, and the tree
+budgets they rule out."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from localspec.engine import calibrate as cal
+from localspec.engine.budget import Arm
+from localspec.engine.calibrate import Costs
+from localspec.engine.config import TreeBudget
+from localspec.engine.llama_model import LlamaModel
+from localspec.engine.session import EngineConfig, Session
+
+
+def test_measured_curve_is_cached_per_model_and_machine(tiny, tmp_path, monkeypatch):
+    model = LlamaModel(tiny.target_gguf, n_ctx=256, n_seq_max=4, n_threads=1)
+    try:
+        [curve] = cal.cached_curves([model], [(1, 4, 8)], tmp_path)
+        assert set(curve) == {1, 4, 8} and all(s > 0 for s in curve.values())
+        files = list(tmp_path.glob("*.json"))
+        assert len(files) == 1 and json.loads(files[0].read_text())["models"] == [str(model.path)]
+
+        def refuse(*a, **k):
+            raise AssertionError("measured again although cached")
+        monkeypatch.setattr(cal, "measure", refuse)
+        assert cal.cached_curves([model], [(1, 4, 8)], tmp_path) == [curve]
+        files[0].write_text("{not json")                    # a damaged cache is measured again
+        monkeypatch.undo()
+        assert set(cal.cached_curves([model], [(1, 4, 8)], tmp_path)[0]) == {1, 4, 8}
+        assert json.loads(files[0].read_text())["seconds"]
+        # the cache leaves the model's memory empty: a generation starts from position 0
+        assert model.seq_pos_max(0) == -1
+    finally:
+        model.close()
+    other = LlamaModel(tiny.target_gguf, n_ctx=256, n_seq_max=4, n_threads=2)   # another setup
+    try:
+        cal.cached_curves([other], [(1,)], tmp_path)
+    finally:
+        other.close()
+    assert len(list(tmp_path.glob("*.json"))) == 2
+
+
+# Costs.viable is arithmetic: checked on curves shaped like the ones measured (ms).
+CPU_2CORE = {1: 64, 2: 99, 3: 123, 4: 112, 5: 146, 6: 168, 8: 207, 9: 225, 12: 259, 16: 254, 17: 260}
+H200 = {1: 2.05, 2: 2.3, 4: 2.8, 8: 3.8, 16: 4.5, 17: 4.6, 32: 5.3}
+
+
+def _costs(target_ms, draft_ms=None):
+    return Costs({n: ms / 1e3 for n, ms in target_ms.items()},
+                 {n: ms / 1e3 for n, ms in (draft_ms or {}).items()})
+
+
+def test_viable_budgets_follow_the_cost_curve():
+    arms = TreeBudget(max_nodes=16, adaptive=True).arms(with_models=True)
+    cpu = _costs(CPU_2CORE, {1: 38, 2: 45, 4: 60, 8: 95})
+    kept = cpu.viable(arms, width=4, max_depth=6)
+    assert Arm(0) in kept
+    # the draft's forwards plus a 17-token verify (4x a plain step) cannot pay, even at 90%
+    assert Arm(16) not in kept and Arm(8) not in kept and Arm(4) in kept
+    # a free chain of 16 copied tokens can (Max-Gram on an edit): only the best case counts
+    assert Arm(16, models=False) in kept
+    gpu = _costs(H200, {1: 1.5, 2: 1.5, 4: 1.6, 8: 1.7})
+    # on the H200 a 17-token verify is cheap, but 5 draft forwards of 1.5 ms are not
+    assert gpu.viable(arms, width=4, max_depth=6) == tuple(a for a in arms if a != Arm(16))
+    # interpolation between and beyond measured sizes
+    assert cpu.target_cost(7) == pytest.approx((0.168 + 0.207) / 2)
+    assert _costs({1: 1, 2: 2}).target_cost(4) == pytest.approx(0.004)
+
+
+def test_adaptive_session_calibrates_and_keeps_output(tiny, monkeypatch, tmp_path):
+    monkeypatch.setenv("LOCALSPEC_DATA_DIR", str(tmp_path))
+    cfg = EngineConfig(tiny.target_gguf, draft=tiny.draft_gguf, n_ctx=512, n_threads=1,
+                       budget=TreeBudget(max_nodes=8, adaptive=True))
+    session = Session(cfg)
+    try:
+        assert session.costs is not None and session.costs.draft
+        assert list((tmp_path / "calibration").glob("*.json"))
+        tokens = session.raw_prompt("def add(a, b):\n")
+        out = session.run(tokens, max_tokens=24).tokens
+    finally:
+        session.close()
+    plain = Session(EngineConfig(tiny.target_gguf, speculation=False, n_ctx=512, n_threads=1))
+    try:
+        assert plain.run(tokens, max_tokens=24).tokens == out
+    finally:
+        plain.close()
