@@ -18,9 +18,8 @@ from .models_cmd import add_models_commands
 from .ngram_cmd import add_ngram
 from .paths import model_path, resolve_models
 
-# Generation never touches the network: keep the hub client offline in this process.
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# `pull` is the only command that may open a network connection.
+ONLINE_COMMANDS = frozenset({"pull"})
 
 
 def _version() -> str:
@@ -197,8 +196,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def set_network_mode(command: str) -> None:
+    """Offline by construction: for every command but `pull`, tell the hub client and
+    transformers they are offline. Both read these variables once, when first imported, so this
+    runs before anything imports them (nothing at this module's import time does)."""
+    if command not in ONLINE_COMMANDS:
+        os.environ["HF_HUB_OFFLINE"] = "1"
+        os.environ["TRANSFORMERS_OFFLINE"] = "1"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    set_network_mode(args.command)
     try:
         return args.run(args)
     except LocalspecError as err:

@@ -1,4 +1,6 @@
-"""`localspec import / list / rm`: the installed-models store (models/library.py) from the shell."""
+"""`localspec pull / import / list / rm`: the installed-models store (models/library.py) from the
+shell. `pull` is the only command of localspec that opens a network connection (cli.main keeps
+the hub client offline for every other one)."""
 from __future__ import annotations
 
 import argparse
@@ -7,6 +9,17 @@ from localspec.models import library
 
 
 def add_models_commands(sub: argparse._SubParsersAction) -> None:
+    from localspec.models.registry import DEFAULT_MODEL, known_names
+
+    p = sub.add_parser("pull", help="download a verified target + draft pair from the Hugging Face hub")
+    p.add_argument("model", nargs="?", default=DEFAULT_MODEL,
+                   help=f"a known name ({', '.join(known_names())}; default {DEFAULT_MODEL}) "
+                        "or OWNER/REPO[:FILE.gguf]")
+    p.add_argument("--name", help="install under this name (default: the known name, or the file's)")
+    p.add_argument("--draft", help="draft GGUF to fetch with it: OWNER/REPO[:FILE.gguf] "
+                                   "(a known name brings its own)")
+    p.add_argument("--no-draft", action="store_true", help="fetch the target only")
+    p.set_defaults(run=cmd_pull)
     p = sub.add_parser("import", help="register GGUF files already on disk under a name")
     p.add_argument("name", help="the name to use with --model (letters, digits, '.', '_', '-')")
     p.add_argument("target", help="the target model: a .gguf file")
@@ -21,6 +34,18 @@ def add_models_commands(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=cmd_rm)
 
 
+def cmd_pull(args: argparse.Namespace) -> int:
+    from localspec.models import pull
+
+    plan = pull.plan(args.model, name=args.name, draft=args.draft, with_draft=not args.no_draft)
+    model = pull.pull(plan)
+    draft = f" with draft {model.draft.path.name}" if model.draft else ""
+    print(f"Pulled {model.name}: {model.target.path.name}{draft} ({_size(model.size)}, "
+          f"{model.quantization}, sha256 verified) into {model.target.path.parent}. "
+          f"Use it with: localspec chat --model {model.name}")
+    return 0
+
+
 def cmd_import(args: argparse.Namespace) -> int:
     model = library.import_model(args.name, args.target, args.draft, copy=args.copy)
     how = f"copied into {library.store_dir()}" if args.copy else "referenced in place"
@@ -31,18 +56,28 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
+    from localspec.models import fit
+
     rows = library.list_models()
     if not rows:
         print(f"No models installed ({library.store_dir()}). Add one with: "
-              "localspec import NAME FILE.gguf")
+              "localspec pull NAME, or localspec import NAME FILE.gguf")
         return 0
-    print(f"{'NAME':<24} {'SIZE':>9} {'QUANT':<8} {'FIT':<8} {'WHERE':<9} {'DRAFT':<36} TARGET")
+    free = fit.free_memory()
+    vram = _size(free.vram) if free.vram is not None else "no GPU seen"
+    ram = _size(free.ram) if free.ram is not None else "unknown"
+    print(f"free: VRAM {vram}, RAM {ram}; NEED = weights + {fit.CONTEXT}-token f16 KV cache + "
+          "runtime")
+    print(f"{'NAME':<22} {'SIZE':>9} {'NEED':>9} {'QUANT':<7} {'FIT':<12} {'WHERE':<8} "
+          f"{'DRAFT':<34} TARGET")
     for row in rows:
         m = row.model
         draft = m.draft.path.name if m.draft else "-"
-        fit = "missing" if row.missing else row.fit
-        print(f"{m.name:<24} {_size(m.size):>9} {m.quantization:<8} {fit:<8} {m.location:<9} "
-              f"{draft:<36} {m.target.path}")
+        fit_text = "missing" if row.missing else row.fit
+        need = _size(row.need) if row.need is not None else "?"
+        parts = f" (+{len(m.target.parts)} parts)" if m.target.parts else ""
+        print(f"{m.name:<22} {_size(m.size):>9} {need:>9} {m.quantization:<7} {fit_text:<12} "
+              f"{m.location:<8} {draft:<34} {m.target.path}{parts}")
     return 0
 
 

@@ -9,8 +9,13 @@ Why it is shaped so:
   localspec) or *owned* (copied or downloaded into `<store>/<name>/`). An owned file is written as
   `<file>.partial` and renamed only when complete, and registered only after that, so partial
   files never count as installed.
+* Downloads (models/pull.py) are staged in `<store>/.downloads/`, verified there, and handed to
+  `install_downloaded`, which moves them in with os.replace (same filesystem) and registers them
+  in one manifest write; a failure moves them back, so a pair is installed whole or not at all.
 * Every file is validated with read_gguf before it is registered, and a draft must share the
   target's vocabulary (size and token-list fingerprint), so a registered pair always loads.
+* A split GGUF (`-00001-of-0000N.gguf`) is one ModelFile: the first part is its path (what
+  llama.cpp opens), the others are its `parts`.
 * Names are safe slugs; every path the store builds is checked to stay inside the store.
 """
 from __future__ import annotations
@@ -28,34 +33,41 @@ from pathlib import Path
 from typing import Iterator
 
 from localspec.engine.errors import LocalspecError
-from localspec.models.gguf_file import GGUFInfo, read_gguf
-from localspec.models.ngram_store import data_dir, vocab_key
+from localspec.models.gguf_file import GGUFInfo, file_vocabulary, read_gguf
+from localspec.models.ngram_store import data_dir
 
 MANIFEST = "manifest.json"
 MANIFEST_VERSION = 1
 PARTIAL_SUFFIX = ".partial"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,199}")
-# Fit estimate: model bytes as a share of MemAvailable (KV cache and runtime need the rest).
-FITS_SHARE, TIGHT_SHARE = 0.7, 1.0
+DOWNLOADS = ".downloads"
 
 
 @dataclass(frozen=True)
 class ModelFile:
-    path: Path
-    size: int
+    path: Path                 # the GGUF (the first part of a split one)
+    size: int                  # bytes, all parts together
     owned: bool                # copied/downloaded into the store, deleted by `rm`
     quantization: str
     vocab_size: int
+    parts: tuple[Path, ...] = ()    # the later parts of a split GGUF
+    source: str = ""                # where it came from: "hf:REPO/FILE@COMMIT", "" if imported
+
+    @property
+    def files(self) -> tuple[Path, ...]:
+        return (self.path, *self.parts)
 
     def to_json(self) -> dict:
         return {"path": str(self.path), "size": self.size, "owned": self.owned,
-                "quantization": self.quantization, "vocab_size": self.vocab_size}
+                "quantization": self.quantization, "vocab_size": self.vocab_size,
+                "parts": [str(p) for p in self.parts], "source": self.source}
 
     @classmethod
     def from_json(cls, d: dict) -> ModelFile:
         return cls(Path(d["path"]), int(d["size"]), bool(d["owned"]), str(d["quantization"]),
-                   int(d["vocab_size"]))
+                   int(d["vocab_size"]), tuple(Path(p) for p in d.get("parts", ())),
+                   str(d.get("source", "")))
 
 
 @dataclass(frozen=True)
@@ -89,10 +101,19 @@ class InstalledModel:
 
 
 @dataclass(frozen=True)
+class StagedFile:
+    """A downloaded file, verified, waiting in `<store>/.downloads/` to be moved in."""
+    staged: tuple[Path, ...]        # every part, in order
+    names: tuple[str, ...]          # their file names in the store
+    source: str
+
+
+@dataclass(frozen=True)
 class ModelListing:
     """One row of `localspec list`."""
     model: InstalledModel
-    fit: str          # "fits" / "tight" / "too big" / "unknown"
+    fit: str          # "fits in VRAM" / "fits in RAM" / "too big" / "unknown" (models/fit.py)
+    need: int | None  # estimated bytes to run it: weights + KV cache
     missing: tuple[Path, ...]   # registered files no longer on disk
 
     @property
@@ -103,6 +124,11 @@ class ModelListing:
 # ---- locations ---------------------------------------------------------------------------------
 def store_dir(root: Path | None = None) -> Path:
     return (root or data_dir()) / "models"
+
+
+def downloads_dir(root: Path | None = None) -> Path:
+    """Staging for downloads: inside the store (same filesystem, so moving in is a rename)."""
+    return store_dir(root) / DOWNLOADS
 
 
 def check_name(name: str) -> str:
@@ -204,19 +230,24 @@ def quantization_of(info: GGUFInfo) -> str:
 
 def check_draft_vocabulary(target: Path, draft: Path) -> None:
     """Refuse a draft whose vocabulary differs from the target's (size, then token fingerprint)."""
-    t_info, d_info = read_gguf(target), read_gguf(draft)
+    t_vocab, d_vocab = file_vocabulary(target), file_vocabulary(draft)
+    check_vocabularies(target.name, t_vocab, draft.name, d_vocab)
+
+
+def check_vocabularies(target: str, t_vocab, draft: str, d_vocab) -> None:
+    """LocalspecError naming both vocabularies unless they are the same (gguf_file.Vocabulary)."""
     fix = ("Use a draft from the target's model family (same tokenizer), or import the target "
            "without --draft")
-    if t_info.vocab_size != d_info.vocab_size:
+    if t_vocab.size != d_vocab.size:
         raise LocalspecError("Draft vocabulary does not match the target",
-                             f"draft '{draft.name}' has {d_info.vocab_size} tokens, target "
-                             f"'{target.name}' has {t_info.vocab_size} tokens", fix)
-    t_key, d_key = vocab_key(target), vocab_key(draft)
-    if t_key != d_key:
+                             f"draft '{draft}' has {d_vocab.size} tokens, target "
+                             f"'{target}' has {t_vocab.size} tokens", fix)
+    if t_vocab.fingerprint != d_vocab.fingerprint:
         raise LocalspecError("Draft vocabulary does not match the target",
-                             f"draft '{draft.name}' and target '{target.name}' both have "
-                             f"{t_info.vocab_size} tokens but different token lists "
-                             f"(fingerprints {d_key[:12]} vs {t_key[:12]})", fix)
+                             f"draft '{draft}' and target '{target}' both have "
+                             f"{t_vocab.size} tokens but different token lists "
+                             f"(fingerprints {d_vocab.fingerprint[:12]} vs "
+                             f"{t_vocab.fingerprint[:12]})", fix)
 
 
 def import_model(name: str, target_path: str | Path, draft_path: str | Path | None = None,
@@ -236,10 +267,7 @@ def import_model(name: str, target_path: str | Path, draft_path: str | Path | No
                                  "Rename one of them before importing with --copy")
     with _locked(root):
         models = _read_manifest(root)
-        if name in models:
-            raise LocalspecError(f"Model '{name}' is already installed",
-                                 f"'{name}' points at {models[name].target.path}",
-                                 f"Remove it first (localspec rm {name}) or pick another name")
+        _check_free(name, models)
         files = _copy_all(sources, dests) if copy else sources
         records = [ModelFile(path, info.file_size, copy, quantization_of(info), info.vocab_size)
                    for path, info in zip(files, infos)]
@@ -247,6 +275,52 @@ def import_model(name: str, target_path: str | Path, draft_path: str | Path | No
                                time.time())
         models[name] = model
         _write_manifest(models, root)
+    return model
+
+
+def _check_free(name: str, models: dict[str, InstalledModel]) -> None:
+    if name in models:
+        raise LocalspecError(f"Model '{name}' is already installed",
+                             f"'{name}' points at {models[name].target.path}",
+                             f"Remove it first (localspec rm {name}) or pick another name")
+
+
+def install_downloaded(name: str, target: StagedFile, draft: StagedFile | None,
+                       root: Path | None = None) -> InstalledModel:
+    """Move verified downloads into `<store>/<name>/` and register them: all or nothing."""
+    check_name(name)
+    staged = [target] + ([draft] if draft else [])
+    infos = [[read_gguf(p, require_vocab=(i == 0)) for i, p in enumerate(s.staged)] for s in staged]
+    if draft:
+        check_vocabularies(target.names[0], file_vocabulary(target.staged[0]),
+                           draft.names[0], file_vocabulary(draft.staged[0]))
+    dests = [[owned_path(name, n, root) for n in s.names] for s in staged]
+    flat = [d for group in dests for d in group]
+    if len(set(flat)) != len(flat):
+        raise LocalspecError("Target and draft have the same file name", f"{[d.name for d in flat]}",
+                             "Pull the draft from a repo whose file is named differently")
+    with _locked(root):
+        models = _read_manifest(root)
+        _check_free(name, models)
+        moved: list[tuple[Path, Path]] = []
+        try:
+            for s_file, group in zip(staged, dests):
+                for src, dest in zip(s_file.staged, group):
+                    dest.parent.mkdir(parents=True, exist_ok=True)
+                    os.replace(src, dest)
+                    moved.append((src, dest))
+            _fsync_dir(flat[0].parent)
+            records = [ModelFile(group[0], sum(i.file_size for i in info), True,
+                                 quantization_of(info[0]), info[0].vocab_size,
+                                 tuple(group[1:]), s_file.source)
+                       for s_file, group, info in zip(staged, dests, infos)]
+            model = InstalledModel(name, records[0], records[1] if draft else None, time.time())
+            models[name] = model
+            _write_manifest(models, root)
+        except BaseException:
+            for src, dest in reversed(moved):      # back to staging: a later pull reuses them
+                os.replace(dest, src)
+            raise
     return model
 
 
@@ -290,32 +364,16 @@ def get_model(name: str, root: Path | None = None) -> InstalledModel | None:
     return _read_manifest(root).get(name)
 
 
-def mem_available() -> int | None:
-    """MemAvailable from /proc/meminfo in bytes; None where there is no /proc (not Linux)."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
-
-
-def fit_estimate(size: int, available: int | None) -> str:
-    if not available:
-        return "unknown"
-    if size <= FITS_SHARE * available:
-        return "fits"
-    return "tight" if size <= TIGHT_SHARE * available else "too big"
-
-
 def list_models(root: Path | None = None) -> list[ModelListing]:
-    available = mem_available()
+    from localspec.models import fit
+
+    free = fit.free_memory()
     rows = []
     for name, model in sorted(_read_manifest(root).items()):
         files = [model.target] + ([model.draft] if model.draft else [])
-        missing = tuple(f.path for f in files if not f.path.is_file())
-        rows.append(ModelListing(model, fit_estimate(model.size, available), missing))
+        missing = tuple(p for f in files for p in f.files if not p.is_file())
+        need = None if missing else fit.need_bytes([f.path for f in files], model.size)
+        rows.append(ModelListing(model, fit.verdict(need, free), need, missing))
     return rows
 
 
@@ -330,8 +388,9 @@ def remove_model(name: str, root: Path | None = None) -> InstalledModel:
         _write_manifest(models, root)   # first: a crash below leaves orphans, never dangling entries
     base = store_dir(root).resolve()
     for f in [model.target] + ([model.draft] if model.draft else []):
-        if f.owned and base in f.path.resolve().parents:
-            f.path.unlink(missing_ok=True)
+        for path in f.files:
+            if f.owned and base in path.resolve().parents:
+                path.unlink(missing_ok=True)
     folder = base / name
     if folder.is_dir():
         for stale in folder.glob(f"*{PARTIAL_SUFFIX}"):

@@ -1,0 +1,165 @@
+"""`localspec pull`: a known pair by name, or any hub GGUF, downloaded, verified and installed.
+
+The order is chosen so that every refusal comes as early, and costs as little, as it can:
+names (the pair's, the files') are checked before any request; the hub's metadata (commit, sha256,
+sizes) before any download; the target's and draft's vocabularies from a Range request over
+their headers before gigabytes move; every byte against the hub's sha256 before the file leaves
+the staging folder; and the library checks the complete files once more (GGUF structure, the
+vocabulary again) as it moves them in and registers them in one manifest write.
+"""
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from localspec.engine.errors import LocalspecError
+from localspec.models import hub, library, registry
+from localspec.models.hub import RemoteFile, RepoListing
+
+_SPLIT = re.compile(r"^(?P<stem>.+)-(?P<index>\d{5})-of-(?P<count>\d{5})\.gguf$")
+_PREFERRED_QUANT = "q4_k_m"
+
+
+@dataclass(frozen=True)
+class RemoteModel:
+    parts: tuple[RemoteFile, ...]     # one file, or every part of a split GGUF in order
+
+    @property
+    def size(self) -> int:
+        return sum(p.size for p in self.parts)
+
+    @property
+    def label(self) -> str:
+        first = self.parts[0]
+        more = f" (+{len(self.parts) - 1} parts)" if len(self.parts) > 1 else ""
+        return f"{first.repo}:{first.name}{more}"
+
+
+@dataclass(frozen=True)
+class PullPlan:
+    name: str
+    target: RemoteModel
+    draft: RemoteModel | None
+
+
+def parse_spec(spec: str) -> tuple[str, str | None]:
+    """'OWNER/REPO[:FILE]' -> (repo, file or None)."""
+    repo, _, file = spec.partition(":")
+    hub.check_repo_id(repo)
+    if file:
+        hub.check_repo_file(file, repo)
+    return repo, file or None
+
+
+def plan(spec: str, name: str | None = None, draft: str | None = None,
+         with_draft: bool = True) -> PullPlan:
+    """What a pull would fetch: names checked, hub metadata read, nothing downloaded."""
+    if "/" not in spec:
+        pair = registry.lookup(spec)                       # unknown: lists the known names
+        target = _hub_files(pair.target.repo, pair.target.files)
+        if draft:
+            d_model = _from_spec(draft)
+        elif with_draft and pair.draft:
+            d_model = _hub_files(pair.draft.repo, pair.draft.files)
+        else:
+            d_model = None
+        return PullPlan(library.check_name(name or pair.name), target, d_model)
+    target = _from_spec(spec)
+    d_model = _from_spec(draft) if draft and with_draft else None
+    return PullPlan(library.check_name(name or default_name(target.parts[0].name)), target, d_model)
+
+
+def default_name(file_name: str) -> str:
+    """'Qwen2.5-7B-Instruct-Q4_K_M-00001-of-00002.gguf' -> 'qwen2.5-7b-instruct-q4_k_m'."""
+    stem = Path(file_name).name
+    split = _SPLIT.match(stem)
+    stem = split.group("stem") if split else stem.removesuffix(".gguf")
+    return re.sub(r"[^a-z0-9._-]+", "-", stem.lower()).strip("-.")[:64] or "model"
+
+
+def _hub_files(repo: str, files: tuple[str, ...]) -> RemoteModel:
+    for f in files:
+        hub.check_repo_file(f, repo)
+    listing = hub.list_repo(repo)
+    return RemoteModel(tuple(hub.remote_file(listing, f) for f in files))
+
+
+def _from_spec(spec: str) -> RemoteModel:
+    repo, file = parse_spec(spec)
+    listing = hub.list_repo(repo)
+    first = file or _pick_gguf(listing)
+    return RemoteModel(tuple(hub.remote_file(listing, f) for f in _parts_of(first, listing)))
+
+
+def _pick_gguf(listing: RepoListing) -> str:
+    """The repo's only GGUF model (a split one counts once), or its only Q4_K_M one."""
+    for name in listing.ggufs():            # a hostile listing is refused, not skipped
+        hub.check_repo_file(name, listing.repo)
+    models = [n for n in listing.ggufs() if "mmproj" not in n.lower()
+              and (not _SPLIT.match(Path(n).name) or _SPLIT.match(Path(n).name)["index"] == "00001")]
+    if len(models) > 1:
+        preferred = [n for n in models if _PREFERRED_QUANT in n.lower()]
+        models = preferred if len(preferred) == 1 else models
+    if len(models) == 1:
+        return models[0]
+    if not models:
+        raise LocalspecError("No GGUF model in the repository", f"{listing.repo} has no .gguf "
+                             "files", "Pull a GGUF repo (their names usually end in -GGUF)")
+    raise LocalspecError("The repository has several GGUF models", f"{listing.repo}: "
+                         f"{', '.join(models)}", f"Pick one: localspec pull {listing.repo}:FILE")
+
+
+def _parts_of(first: str, listing: RepoListing) -> list[str]:
+    split = _SPLIT.match(first)
+    if not split:
+        return [first]
+    folder = first[:len(first) - len(Path(first).name)]
+    count = int(split["count"])
+    return [f"{folder}{split['stem']}-{i:05d}-of-{count:05d}.gguf" for i in range(1, count + 1)]
+
+
+def check_vocabularies_remotely(p: PullPlan) -> str:
+    """Compare the pair's vocabularies from their headers before downloading; a line to print."""
+    if p.draft is None:
+        return "no draft"
+    t_vocab = hub.probe_vocabulary(p.target.parts[0])
+    d_vocab = hub.probe_vocabulary(p.draft.parts[0])
+    if t_vocab is None or d_vocab is None:
+        return "vocabularies not readable from the headers; checked after download"
+    library.check_vocabularies(p.target.parts[0].name, t_vocab, p.draft.parts[0].name, d_vocab)
+    return f"target and draft share one vocabulary ({t_vocab.describe()})"
+
+
+def pull(p: PullPlan, root: Path | None = None, log=lambda line: print(line, file=sys.stderr)
+         ) -> library.InstalledModel:
+    existing = library.get_model(p.name, root)
+    if existing is not None:
+        raise LocalspecError(f"Model '{p.name}' is already installed",
+                             f"'{p.name}' points at {existing.target.path}",
+                             f"Use it (localspec chat --model {p.name}), or remove it first "
+                             f"(localspec rm {p.name}), or pull under another --name")
+    log(f"target {p.target.label}, {_gib(p.target.size)}")
+    if p.draft:
+        log(f"draft  {p.draft.label}, {_gib(p.draft.size)}")
+    log(check_vocabularies_remotely(p))
+    downloads = library.downloads_dir(root)
+    staged = [_download(m, downloads) for m in [p.target] + ([p.draft] if p.draft else [])]
+    try:
+        return library.install_downloaded(p.name, staged[0], staged[1] if p.draft else None, root)
+    except LocalspecError:
+        for s in staged:          # verified but unusable (not a GGUF, another vocabulary): drop
+            for path in s.staged:
+                path.unlink(missing_ok=True)
+        raise
+
+
+def _download(model: RemoteModel, downloads: Path) -> library.StagedFile:
+    paths = tuple(hub.download(part, downloads) for part in model.parts)
+    return library.StagedFile(paths, tuple(Path(part.name).name for part in model.parts),
+                              model.parts[0].source)
+
+
+def _gib(n: int) -> str:
+    return f"{n / (1 << 30):.2f} GiB" if n >= 1 << 28 else f"{n / (1 << 20):.1f} MiB"
