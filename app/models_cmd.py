@@ -64,20 +64,20 @@ def cmd_list(args: argparse.Namespace) -> int:
               "localspec pull NAME, or localspec import NAME FILE.gguf")
         return 0
     free = fit.free_memory()
-    vram = _size(free.vram) if free.vram is not None else "no GPU seen"
+    vram = _size(free.vram) if free.vram is not None else "none seen (no nvidia-smi)"
     ram = _size(free.ram) if free.ram is not None else "unknown"
-    print(f"free: VRAM {vram}, RAM {ram}; NEED = weights + {fit.CONTEXT}-token f16 KV cache + "
-          "runtime")
-    print(f"{'NAME':<22} {'SIZE':>9} {'NEED':>9} {'QUANT':<7} {'FIT':<12} {'WHERE':<8} "
-          f"{'DRAFT':<34} TARGET")
+    print(f"free: VRAM {vram}, RAM {ram}. NEED = files + {fit.CONTEXT}-token f16 KV cache "
+          f"+ {_size(fit.SCRATCH)} runtime")
+    print(f"{'NAME':<24} {'SIZE':>9} {'NEED':>9}  {'QUANT':<8} {'FIT':<13} WHERE")
     for row in rows:
         m = row.model
-        draft = m.draft.path.name if m.draft else "-"
-        fit_text = "missing" if row.missing else row.fit
+        fit_text = "missing file" if row.missing else row.fit
         need = _size(row.need) if row.need is not None else "?"
+        print(f"{m.name:<24} {_size(m.size):>9} {need:>9}  {m.quantization:<8} {fit_text:<13} "
+              f"{m.location}")
         parts = f" (+{len(m.target.parts)} parts)" if m.target.parts else ""
-        print(f"{m.name:<22} {_size(m.size):>9} {need:>9} {m.quantization:<7} {fit_text:<12} "
-              f"{m.location:<8} {draft:<34} {m.target.path}{parts}")
+        print(f"    target {m.target.path}{parts}")
+        print(f"    draft  {m.draft.path if m.draft else '-'}")
     return 0
 
 

@@ -42,13 +42,12 @@ class Seen:
 class Repo:
     files: dict[str, bytes]
     listed_extra: list[str]            # names listed in siblings but never served
+    sha256: dict[str, str] = field(default_factory=dict)
+    commit: str = ""
 
-    @property
-    def commit(self) -> str:
-        digest = hashlib.sha1()
-        for name in sorted(self.files):
-            digest.update(name.encode() + hashlib.sha256(self.files[name]).digest())
-        return digest.hexdigest()
+    def __post_init__(self) -> None:
+        self.sha256 = {n: hashlib.sha256(c).hexdigest() for n, c in self.files.items()}
+        self.commit = hashlib.sha1(json.dumps(sorted(self.sha256.items())).encode()).hexdigest()
 
 
 class FakeHub:
@@ -123,9 +122,9 @@ def _handler_for(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
             repo = hub.repos.get(repo_id)
             if repo is None:
                 return self._error(404, "RepoNotFound", "Repository not found")
-            siblings = [{"rfilename": n, "size": len(c), "blobId": hashlib.sha1(c).hexdigest(),
-                         "lfs": {"sha256": hashlib.sha256(c).hexdigest(), "size": len(c),
-                                 "pointerSize": 134}} for n, c in sorted(repo.files.items())]
+            siblings = [{"rfilename": n, "size": len(c), "blobId": repo.sha256[n][:40],
+                         "lfs": {"sha256": repo.sha256[n], "size": len(c), "pointerSize": 134}}
+                        for n, c in sorted(repo.files.items())]
             siblings += [{"rfilename": n, "size": 10, "blobId": "0" * 40,
                           "lfs": {"sha256": "0" * 64, "size": 10, "pointerSize": 134}}
                          for n in repo.listed_extra]
@@ -140,8 +139,7 @@ def _handler_for(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
             if name not in repo.files:
                 return self._error(404, "EntryNotFound", "Entry not found",
                                    {"X-Repo-Commit": repo.commit})
-            content = repo.files[name]
-            sha = hashlib.sha256(content).hexdigest()
+            content, sha = repo.files[name], repo.sha256[name]
             headers = {"X-Repo-Commit": repo.commit, "ETag": f'"{sha}"',
                        "X-Linked-Etag": f'"{sha}"', "X-Linked-Size": str(len(content)),
                        "Accept-Ranges": "bytes", "Content-Type": "application/octet-stream"}

@@ -258,3 +258,24 @@ def test_a_split_model_arrives_whole_and_leaves_whole(data, hub, tiny, tmp_path)
     assert "(+1 parts)" in cli(data, hub, "list").stdout
     assert cli(data, hub, "rm", "m-q4_k_m").returncode == 0
     assert store_files(data) == []
+
+
+@pytest.mark.real_pair
+def test_pull_the_reference_pair(data, real_pair):
+    """The real Qwen2.5-Coder pair served under its hub names: the 4 MiB header probe reads a
+    151,936-token vocabulary, 1.6 GB are verified and installed, and `list` estimates the fit."""
+    target, draft = real_pair
+    with FakeHub() as server:
+        server.add(CODER_15[0], {CODER_15[1]: target})
+        server.add(CODER_05[0], {CODER_05[1]: draft})
+        done = cli(data, server, "pull", "qwen2.5-coder-1.5b", timeout=1200)
+        assert done.returncode == 0, done.stderr
+        assert "share one vocabulary (151936 tokens" in done.stderr
+        probes = [s.range for s in server.seen if s.range and s.range.startswith("bytes=0-")]
+        assert probes == [f"bytes=0-{(4 << 20) - 1}"] * 2
+        listed = cli(data, server, "list")
+        assert "qwen2.5-coder-1.5b" in listed.stdout and "Q4_K_M" in listed.stdout
+        print(done.stdout, done.stderr, listed.stdout, sep="\n")
+    entry = manifest(data)["qwen2.5-coder-1.5b"]
+    assert entry["target"]["size"] == target.stat().st_size
+    assert entry["draft"]["size"] == draft.stat().st_size
