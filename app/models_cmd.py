@@ -4,6 +4,7 @@ the hub client offline for every other one)."""
 from __future__ import annotations
 
 import argparse
+import sys
 
 from localspec.models import library
 
@@ -16,9 +17,10 @@ def add_models_commands(sub: argparse._SubParsersAction) -> None:
                    help=f"a known name ({', '.join(known_names())}; default {DEFAULT_MODEL}) "
                         "or OWNER/REPO[:FILE.gguf]")
     p.add_argument("--name", help="install under this name (default: the known name, or the file's)")
-    p.add_argument("--draft", help="draft GGUF to fetch with it: OWNER/REPO[:FILE.gguf] "
-                                   "(a known name brings its own)")
-    p.add_argument("--no-draft", action="store_true", help="fetch the target only")
+    drafts = p.add_mutually_exclusive_group()
+    drafts.add_argument("--draft", help="draft GGUF to fetch with it: OWNER/REPO[:FILE.gguf] "
+                                        "(a known name brings its own)")
+    drafts.add_argument("--no-draft", action="store_true", help="fetch the target only")
     p.set_defaults(run=cmd_pull)
     p = sub.add_parser("import", help="register GGUF files already on disk under a name")
     p.add_argument("name", help="the name to use with --model (letters, digits, '.', '_', '-')")
@@ -38,7 +40,12 @@ def cmd_pull(args: argparse.Namespace) -> int:
     from localspec.models import pull
 
     plan = pull.plan(args.model, name=args.name, draft=args.draft, with_draft=not args.no_draft)
-    model = pull.pull(plan)
+    try:
+        model = pull.pull(plan)
+    except KeyboardInterrupt:
+        print("\npull stopped; what arrived is kept: run the same command again to resume",
+              file=sys.stderr)
+        raise
     draft = f" with draft {model.draft.path.name}" if model.draft else ""
     print(f"Pulled {model.name}: {model.target.path.name}{draft} ({_size(model.size)}, "
           f"{model.quantization}, sha256 verified) into {model.target.path.parent}. "

@@ -19,9 +19,11 @@ Why it is shaped so:
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import re
+import shutil
 import sys
 import time
 from contextlib import contextmanager
@@ -224,29 +226,54 @@ def download(remote: RemoteFile, downloads: Path) -> Path:
 def _fetch(remote: RemoteFile, partial: Path) -> None:
     """Append the missing bytes to `partial`, resuming with Range after each transient failure."""
     from huggingface_hub.utils import tqdm
+
+    with partial.open("ab") as fh:
+        _lock_or_refuse(fh, remote)
+        _check_disk_space(partial.parent, remote.size - fh.tell(), remote)
+        with tqdm(total=remote.size, initial=fh.tell(), unit="B", unit_scale=True,
+                  desc=_short(remote.name), name="localspec.pull") as bar:
+            _fetch_locked(remote, fh, bar)
+
+
+def _fetch_locked(remote: RemoteFile, fh: BinaryIO, bar) -> None:
     import httpx2
 
-    with partial.open("ab") as fh, tqdm(total=remote.size, initial=fh.tell(), unit="B",
-                                        unit_scale=True, desc=_short(remote.name),
-                                        name="localspec.pull") as bar:
-        failures = 0
-        while fh.tell() < remote.size:
-            before = fh.tell()
-            try:
-                _stream_into(remote, fh, bar)
-            except (httpx2.TransportError, _ShortBody) as err:
-                failures = 0 if fh.tell() > before else failures + 1
-                if failures >= RETRIES:
-                    raise LocalspecError("Download interrupted", f"{remote.repo}:{remote.name} "
-                                         f"stopped at {fh.tell():,} of {remote.size:,} bytes: {err}",
-                                         "Run the same localspec pull again: it resumes") from None
-                print(f"connection lost at {fh.tell():,} bytes ({err}); resuming",
-                      file=sys.stderr)
-                time.sleep(min(2 ** failures, 8) / 2)
+    failures = 0
+    while fh.tell() < remote.size:
+        before = fh.tell()
+        try:
+            _stream_into(remote, fh, bar)
+        except (httpx2.TransportError, _ShortBody) as err:
+            failures = 0 if fh.tell() > before else failures + 1
+            if failures >= RETRIES:
+                raise LocalspecError("Download interrupted", f"{remote.repo}:{remote.name} "
+                                     f"stopped at {fh.tell():,} of {remote.size:,} bytes: {err}",
+                                     "Run the same localspec pull again: it resumes") from None
+            print(f"connection lost at {fh.tell():,} bytes ({err}); resuming", file=sys.stderr)
+            time.sleep(min(2 ** failures, 8) / 2)
 
 
 class _ShortBody(Exception):
     pass
+
+
+def _lock_or_refuse(fh: BinaryIO, remote: RemoteFile) -> None:
+    """One writer per partial file: a second pull of the same file would interleave bytes."""
+    try:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise LocalspecError("Another localspec pull is downloading this file",
+                             f"{remote.repo}:{remote.name} is being written by another process",
+                             "Wait for that pull to finish, then run this one again") from None
+
+
+def _check_disk_space(folder: Path, missing: int, remote: RemoteFile) -> None:
+    free = shutil.disk_usage(folder).free
+    if free < missing:
+        raise LocalspecError("Not enough disk space", f"{remote.repo}:{remote.name} needs "
+                             f"{missing:,} more bytes, {folder} has {free:,} free",
+                             "Free some space (localspec rm NAME removes a pulled model), then "
+                             "run the same pull again: it resumes")
 
 
 def _stream_into(remote: RemoteFile, fh: BinaryIO, bar) -> None:

@@ -279,3 +279,19 @@ def test_pull_the_reference_pair(data, real_pair):
     entry = manifest(data)["qwen2.5-coder-1.5b"]
     assert entry["target"]["size"] == target.stat().st_size
     assert entry["draft"]["size"] == draft.stat().st_size
+
+
+def test_a_second_pull_of_the_same_file_waits_its_turn(data, hub, tiny):
+    fault = hub.fault(TINY, "target.gguf", stall_after=500_000)
+    first = subprocess.Popen([sys.executable, "-m", "localspec.app.cli", "pull", f"{TINY}:target.gguf",
+                              "--name", "a"], env=env_for(data, hub), stderr=subprocess.PIPE, text=True)
+    try:
+        assert fault.stalled.wait(120)
+        refused(cli(data, hub, "pull", f"{TINY}:target.gguf", "--name", "b"),
+                "Another localspec pull is downloading this file")
+    finally:
+        fault.release.set()                 # the stalled transfer ends; the first pull resumes
+        _, err = first.communicate(timeout=120)
+    assert first.returncode == 0, err
+    assert set(manifest(data)) == {"a"}
+    assert sha256(manifest(data)["a"]["target"]["path"]) == sha256(tiny.target_gguf)
