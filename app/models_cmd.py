@@ -40,6 +40,11 @@ def cmd_pull(args: argparse.Namespace) -> int:
     from localspec.models import pull
 
     plan = pull.plan(args.model, name=args.name, draft=args.draft, with_draft=not args.no_draft)
+    done = pull.already_installed(plan)
+    if done is not None:
+        print(f"{done.name} is already installed ({done.target.path.parent}); nothing to do. "
+              f"Use it with: localspec chat --model {done.name}")
+        return 0
     try:
         model = pull.pull(plan)
     except KeyboardInterrupt:

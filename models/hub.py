@@ -49,7 +49,7 @@ class RemoteFile:
     commit: str        # the commit every file of a pull is taken from
     sha256: str
     size: int
-    url: str           # where the bytes come from (after the hub's redirect)
+    url: str           # /resolve/ at the pinned commit: each request gets a fresh redirect
 
     @property
     def source(self) -> str:
@@ -133,11 +133,11 @@ def hub_errors(repo: str, name: str | None = None, transport: bool = True) -> It
 
 def list_repo(repo: str) -> RepoListing:
     """The repo's files at its current commit, with sizes and LFS sha256 (one API call)."""
-    from huggingface_hub import HfApi
+    from huggingface_hub import HfApi, constants
 
     check_repo_id(repo)
     with hub_errors(repo):
-        info = HfApi().model_info(repo, files_metadata=True)
+        info = HfApi().model_info(repo, files_metadata=True, timeout=constants.HF_HUB_ETAG_TIMEOUT)
     if not info.sha:
         raise LocalspecError("The hub answered without a commit", f"{repo}: no 'sha' in the listing",
                              "Check HF_ENDPOINT points at a Hugging Face hub")
@@ -157,6 +157,8 @@ def remote_file(listing: RepoListing, name: str) -> RemoteFile:
     size, lfs_sha = listing.files[name]
     with hub_errors(listing.repo, name):
         head = get_hf_file_metadata(hf_hub_url(listing.repo, name, revision=listing.commit))
+    # Downloads go to /resolve/ again rather than to head.location: the hub redirects LFS files
+    # to signed CDN addresses that expire, and a resumed multi-GB download can outlive one.
     etag_sha = head.etag if head.etag and _SHA256.fullmatch(head.etag) else None
     if lfs_sha and etag_sha and lfs_sha != etag_sha:
         raise LocalspecError("The hub's metadata disagree", f"{listing.repo}:{name}: the listing "
@@ -171,7 +173,8 @@ def remote_file(listing: RepoListing, name: str) -> RemoteFile:
     if size is None or (head.size is not None and head.size != size):
         raise LocalspecError("The hub's metadata disagree", f"{listing.repo}:{name}: sizes "
                              f"{size} (listing) and {head.size} (HEAD)", "Try again later")
-    return RemoteFile(listing.repo, name, listing.commit, sha256, size, head.location)
+    url = hf_hub_url(listing.repo, name, revision=listing.commit)
+    return RemoteFile(listing.repo, name, listing.commit, sha256, size, url)
 
 
 def probe_vocabulary(remote: RemoteFile) -> Vocabulary | None:
@@ -186,12 +189,14 @@ def probe_vocabulary(remote: RemoteFile) -> Vocabulary | None:
 
 
 def _read_prefix(remote: RemoteFile, n: int) -> bytes:
+    from huggingface_hub import constants
     from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
     headers = {**build_hf_headers(), "Range": f"bytes=0-{n - 1}", "Accept-Encoding": "identity"}
     out = bytearray()
     with hub_errors(remote.repo, remote.name):
-        with get_session().stream("GET", remote.url, headers=headers) as response:
+        with get_session().stream("GET", remote.url, headers=headers,
+                                  timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT) as response:
             hf_raise_for_status(response)
             for chunk in response.iter_bytes(CHUNK):
                 out += chunk

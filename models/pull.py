@@ -132,14 +132,28 @@ def check_vocabularies_remotely(p: PullPlan) -> str:
     return f"target and draft share one vocabulary ({t_vocab.describe()})"
 
 
+def already_installed(p: PullPlan, root: Path | None = None) -> library.InstalledModel | None:
+    """The installed model if `p.name` is this very pull done before (same repo files, all on
+    disk); None if the name is free; LocalspecError if the name holds something else."""
+    existing = library.get_model(p.name, root)
+    if existing is None:
+        return None
+    wanted = [m.parts[0].source.split("@")[0] for m in (p.target, p.draft) if m]
+    have = [f.source.split("@")[0] for f in (existing.target, existing.draft) if f]
+    on_disk = all(path.is_file() for f in (existing.target, existing.draft) if f for path in f.files)
+    if wanted == have and on_disk:
+        return existing
+    raise LocalspecError(f"Model '{p.name}' is already installed",
+                         f"'{p.name}' points at {existing.target.path}"
+                         + ("" if on_disk else ", and some of its files are missing"),
+                         f"Remove it first (localspec rm {p.name}), or pull under another --name")
+
+
 def pull(p: PullPlan, root: Path | None = None, log=lambda line: print(line, file=sys.stderr)
          ) -> library.InstalledModel:
-    existing = library.get_model(p.name, root)
+    existing = already_installed(p, root)
     if existing is not None:
-        raise LocalspecError(f"Model '{p.name}' is already installed",
-                             f"'{p.name}' points at {existing.target.path}",
-                             f"Use it (localspec chat --model {p.name}), or remove it first "
-                             f"(localspec rm {p.name}), or pull under another --name")
+        return existing
     log(f"target {p.target.label}, {_gib(p.target.size)}")
     if p.draft:
         log(f"draft  {p.draft.label}, {_gib(p.draft.size)}")

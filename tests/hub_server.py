@@ -4,8 +4,9 @@ HF_ENDPOINT, so nothing in localspec is mocked.
 It serves the endpoints huggingface_hub uses for a pull, with the hub's headers:
 `GET /api/models/{repo}[/revision/{rev}]` (model_info with `blobs=true`: siblings with size and
 LFS sha256), `HEAD /{repo}/resolve/{rev}/{file}` (X-Repo-Commit, ETag, X-Linked-Etag,
-X-Linked-Size; X-Error-Code RepoNotFound / EntryNotFound on 404) and `GET` of the same with
-Range (206 + Content-Range). Faults a test can arm per file: cut the connection after N bytes,
+X-Linked-Size; X-Error-Code RepoNotFound / EntryNotFound on 404) and `GET` of the same, which
+redirects (302) to a signed-looking `/cdn/...` address serving the bytes with Range (206 +
+Content-Range), as the hub redirects LFS files to its CDN. Faults a test can arm per file: cut the connection after N bytes,
 stall after N bytes until released, serve a corrupted byte under the right metadata. Every
 request is recorded (method, path, Range) so tests can assert what the client asked for.
 """
@@ -78,7 +79,9 @@ class FakeHub:
             self.seen.append(seen)
 
     def gets(self, name: str) -> list[Seen]:
-        return [s for s in self.seen if s.method == "GET" and s.path.endswith("/" + name)]
+        """The byte transfers of `name` (GETs of its CDN address), in order."""
+        return [s for s in self.seen if s.method == "GET" and s.path.startswith("/cdn/")
+                and s.path.endswith("/" + name)]
 
     def __enter__(self) -> FakeHub:
         self._thread.start()
@@ -93,6 +96,7 @@ class FakeHub:
 
 _API = re.compile(r"^/api/models/(?P<repo>[^/]+/[^/]+)(?:/revision/(?P<rev>[^/]+))?$")
 _RESOLVE = re.compile(r"^/(?P<repo>[^/]+/[^/]+)/resolve/(?P<rev>[^/]+)/(?P<file>.+)$")
+_CDN = re.compile(r"^/cdn/(?P<repo>[^/]+/[^/]+)/(?P<sha>[0-9a-f]{64})/(?P<file>.+)$")
 _RANGE = re.compile(r"^bytes=(\d+)-(\d*)$")
 
 
@@ -116,6 +120,8 @@ def _handler_for(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
                 return self._api(m["repo"])
             if m := _RESOLVE.match(path):
                 return self._resolve(m["repo"], m["file"], body)
+            if (m := _CDN.match(path)) and body:
+                return self._bytes(m["repo"], m["file"])
             self._error(404, None, "no such endpoint")
 
         def _api(self, repo_id: str) -> None:
@@ -150,6 +156,15 @@ def _handler_for(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
                     self.send_header(k, v)
                 self.end_headers()
                 return
+            cdn = f"/cdn/{repo_id}/{sha}/{name}?expires=9999999999&signature=x"
+            self._send(302, {**headers, "Location": cdn}, b"")
+
+        def _bytes(self, repo_id: str, name: str) -> None:
+            repo = hub.repos.get(repo_id)
+            if repo is None or name not in repo.files:
+                return self._error(404, None, "no such object")
+            content = repo.files[name]
+            headers = {"Accept-Ranges": "bytes", "Content-Type": "application/octet-stream"}
             fault = hub.faults.get((repo_id, name))
             start, end = 0, len(content) - 1
             ranged = self.headers.get("Range")

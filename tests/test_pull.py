@@ -91,9 +91,10 @@ def test_pull_known_name_installs_a_verified_pair_that_generates(data, hub, tiny
     assert entry["target"]["owned"] and entry["target"]["source"].startswith(f"hf:{CODER_15[0]}/")
     assert store_files(data) == [f"qwen2.5-coder-1.5b/{CODER_05[1]}", f"qwen2.5-coder-1.5b/{CODER_15[1]}"]
     # The vocabularies were compared from header Range requests before either download.
-    first_full = min(i for i, s in enumerate(hub.seen) if s.method == "GET" and "resolve" in s.path
+    first_full = min(i for i, s in enumerate(hub.seen) if s.method == "GET" and "/cdn/" in s.path
                      and s.range is None)
-    probes = [s for s in hub.seen[:first_full] if s.range and s.range.startswith("bytes=0-")]
+    probes = [s for s in hub.seen[:first_full] if "/cdn/" in s.path
+              and s.range and s.range.startswith("bytes=0-")]
     assert {Path(s.path).name for s in probes} == {CODER_15[1], CODER_05[1]}
 
     listed = cli(data, hub, "list")
@@ -103,8 +104,12 @@ def test_pull_known_name_installs_a_verified_pair_that_generates(data, hub, tiny
               "--max-tokens", "4", "--ctx", "512")
     assert gen.returncode == 0, gen.stderr
     assert len(json.loads(gen.stdout)["tokens"]) == 4
-    again = cli(data, hub, "pull", "qwen2.5-coder-1.5b")
-    refused(again, "already installed")
+    served = len(hub.seen)
+    again = cli(data, hub, "pull", "qwen2.5-coder-1.5b")            # idempotent: nothing moves
+    assert again.returncode == 0 and "already installed" in again.stdout, again.stderr
+    assert [s for s in hub.seen[served:] if s.method == "GET" and "/cdn/" in s.path] == []
+    refused(cli(data, hub, "pull", f"{TINY}:draft.gguf", "--name", "qwen2.5-coder-1.5b"),
+            "already installed", "localspec rm qwen2.5-coder-1.5b")
     assert cli(data, hub, "rm", "qwen2.5-coder-1.5b").returncode == 0
     assert store_files(data) == [] and manifest(data) == {}
 
@@ -194,7 +199,7 @@ def test_a_draft_with_another_vocabulary_is_refused_before_download(data, hub, t
     proc = cli(data, hub, "pull", f"{TINY}:target.gguf", "--draft", f"{TINY}:other-vocab.gguf")
     refused(proc, "Draft vocabulary does not match the target", "'other-vocab.gguf' has 300 tokens",
             f"'target.gguf' has {tiny.vocab_size} tokens")
-    downloads = [s for s in hub.seen if s.method == "GET" and "/resolve/" in s.path
+    downloads = [s for s in hub.seen if s.method == "GET" and "/cdn/" in s.path
                  and not (s.range or "").startswith("bytes=0-")]
     assert downloads == []                     # only the header probes went out
     assert manifest(data) == {} and store_files(data) == []
@@ -271,7 +276,8 @@ def test_pull_the_reference_pair(data, real_pair):
         done = cli(data, server, "pull", "qwen2.5-coder-1.5b", timeout=1200)
         assert done.returncode == 0, done.stderr
         assert "share one vocabulary (151936 tokens" in done.stderr
-        probes = [s.range for s in server.seen if s.range and s.range.startswith("bytes=0-")]
+        probes = [s.range for s in server.seen if "/cdn/" in s.path
+                  and s.range and s.range.startswith("bytes=0-")]
         assert probes == [f"bytes=0-{(4 << 20) - 1}"] * 2
         listed = cli(data, server, "list")
         assert "qwen2.5-coder-1.5b" in listed.stdout and "Q4_K_M" in listed.stdout
