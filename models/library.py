@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Iterator
 
 from localspec.engine.errors import LocalspecError
-from localspec.models.gguf_file import GGUFInfo, file_vocabulary, read_gguf
+from localspec.models.gguf_file import GGUFInfo, Vocabulary, file_vocabulary, read_gguf
 from localspec.models.ngram_store import data_dir
 
 MANIFEST = "manifest.json"
@@ -42,6 +42,7 @@ PARTIAL_SUFFIX = ".partial"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,199}")
 DOWNLOADS = ".downloads"
+SPLIT = re.compile(r"^(?P<stem>.+)-(?P<index>\d{5})-of-(?P<count>\d{5})\.gguf$")
 
 
 @dataclass(frozen=True)
@@ -234,7 +235,7 @@ def check_draft_vocabulary(target: Path, draft: Path) -> None:
     check_vocabularies(target.name, t_vocab, draft.name, d_vocab)
 
 
-def check_vocabularies(target: str, t_vocab, draft: str, d_vocab) -> None:
+def check_vocabularies(target: str, t_vocab: Vocabulary, draft: str, d_vocab: Vocabulary) -> None:
     """LocalspecError naming both vocabularies unless they are the same (gguf_file.Vocabulary)."""
     fix = ("Use a draft from the target's model family (same tokenizer), or import the target "
            "without --draft")
@@ -250,27 +251,54 @@ def check_vocabularies(target: str, t_vocab, draft: str, d_vocab) -> None:
                              f"{t_vocab.fingerprint[:12]})", fix)
 
 
+def split_names(file_name: str) -> list[str]:
+    """Every part's name of a split GGUF named by its first part; [file_name] if not split."""
+    found = SPLIT.match(file_name)
+    if not found:
+        return [file_name]
+    if int(found["index"]) != 1:
+        raise LocalspecError("Not the first part of a split model", f"'{file_name}' is part "
+                             f"{int(found['index'])} of {int(found['count'])}",
+                             f"Pass the first part, {found['stem']}-00001-of-{found['count']}.gguf")
+    count = int(found["count"])
+    return [f"{found['stem']}-{i:05d}-of-{count:05d}.gguf" for i in range(1, count + 1)]
+
+
+def _parts_on_disk(first: Path) -> list[Path]:
+    parts = [first.with_name(n) for n in split_names(first.name)]
+    missing = [p.name for p in parts[1:] if not p.is_file()]
+    if missing and first.is_file():
+        raise LocalspecError("A part of the split model is missing", f"{', '.join(missing)} "
+                             f"not found next to '{first}'",
+                             f"Put all {len(parts)} parts in one folder, then import the first")
+    return parts
+
+
 def import_model(name: str, target_path: str | Path, draft_path: str | Path | None = None,
                  copy: bool = False, root: Path | None = None) -> InstalledModel:
-    """Register GGUF files already on disk under `name`: in place (default) or copied into the store."""
+    """Register GGUF files already on disk under `name`: in place (default) or copied into the
+    store. A split model is named by its first part; the others are found next to it."""
     check_name(name)
-    sources = [Path(target_path).expanduser().resolve()]
+    groups = [_parts_on_disk(Path(target_path).expanduser().resolve())]
     if draft_path is not None:
-        sources.append(Path(draft_path).expanduser().resolve())
-    infos = [read_gguf(p) for p in sources]       # validation: missing/non-GGUF/truncated refused
-    if len(sources) == 2:
-        check_draft_vocabulary(sources[0], sources[1])
+        groups.append(_parts_on_disk(Path(draft_path).expanduser().resolve()))
+    # validation: missing/non-GGUF/truncated refused; only a first part carries the tokenizer
+    infos = [[read_gguf(p, require_vocab=(i == 0)) for i, p in enumerate(g)] for g in groups]
+    if len(groups) == 2:
+        check_draft_vocabulary(groups[0][0], groups[1][0])
+    sources = [p for g in groups for p in g]
     if copy:
         dests = [owned_path(name, p.name, root) for p in sources]
-        if len(dests) == 2 and dests[0] == dests[1]:
+        if len(set(dests)) != len(dests):
             raise LocalspecError("Target and draft have the same file name", f"'{sources[0].name}'",
                                  "Rename one of them before importing with --copy")
     with _locked(root):
         models = _read_manifest(root)
         _check_free(name, models)
-        files = _copy_all(sources, dests) if copy else sources
-        records = [ModelFile(path, info.file_size, copy, quantization_of(info), info.vocab_size)
-                   for path, info in zip(files, infos)]
+        placed = iter(_copy_all(sources, dests) if copy else sources)
+        records = [ModelFile(first, sum(i.file_size for i in info), copy, quantization_of(info[0]),
+                             info[0].vocab_size, tuple(rest))
+                   for info in infos for first, *rest in [[next(placed) for _ in info]]]
         model = InstalledModel(name, records[0], records[1] if len(records) == 2 else None,
                                time.time())
         models[name] = model

@@ -18,7 +18,6 @@ from localspec.engine.errors import LocalspecError
 from localspec.models import hub, library, registry
 from localspec.models.hub import RemoteFile, RepoListing
 
-_SPLIT = re.compile(r"^(?P<stem>.+)-(?P<index>\d{5})-of-(?P<count>\d{5})\.gguf$")
 _PREFERRED_QUANT = "q4_k_m"
 
 
@@ -74,7 +73,7 @@ def plan(spec: str, name: str | None = None, draft: str | None = None,
 def default_name(file_name: str) -> str:
     """'Qwen2.5-7B-Instruct-Q4_K_M-00001-of-00002.gguf' -> 'qwen2.5-7b-instruct-q4_k_m'."""
     stem = Path(file_name).name
-    split = _SPLIT.match(stem)
+    split = library.SPLIT.match(stem)
     stem = split.group("stem") if split else stem.removesuffix(".gguf")
     return re.sub(r"[^a-z0-9._-]+", "-", stem.lower()).strip("-.")[:64] or "model"
 
@@ -90,15 +89,14 @@ def _from_spec(spec: str) -> RemoteModel:
     repo, file = parse_spec(spec)
     listing = hub.list_repo(repo)
     first = file or _pick_gguf(listing)
-    return RemoteModel(tuple(hub.remote_file(listing, f) for f in _parts_of(first, listing)))
+    return RemoteModel(tuple(hub.remote_file(listing, f) for f in _parts_of(first)))
 
 
 def _pick_gguf(listing: RepoListing) -> str:
     """The repo's only GGUF model (a split one counts once), or its only Q4_K_M one."""
     for name in listing.ggufs():            # a hostile listing is refused, not skipped
         hub.check_repo_file(name, listing.repo)
-    models = [n for n in listing.ggufs() if "mmproj" not in n.lower()
-              and (not _SPLIT.match(Path(n).name) or _SPLIT.match(Path(n).name)["index"] == "00001")]
+    models = [n for n in listing.ggufs() if "mmproj" not in n.lower() and _is_first_part(n)]
     if len(models) > 1:
         preferred = [n for n in models if _PREFERRED_QUANT in n.lower()]
         models = preferred if len(preferred) == 1 else models
@@ -111,13 +109,14 @@ def _pick_gguf(listing: RepoListing) -> str:
                          f"{', '.join(models)}", f"Pick one: localspec pull {listing.repo}:FILE")
 
 
-def _parts_of(first: str, listing: RepoListing) -> list[str]:
-    split = _SPLIT.match(first)
-    if not split:
-        return [first]
+def _is_first_part(name: str) -> bool:
+    split = library.SPLIT.match(Path(name).name)
+    return split is None or int(split["index"]) == 1
+
+
+def _parts_of(first: str) -> list[str]:
     folder = first[:len(first) - len(Path(first).name)]
-    count = int(split["count"])
-    return [f"{folder}{split['stem']}-{i:05d}-of-{count:05d}.gguf" for i in range(1, count + 1)]
+    return [folder + name for name in library.split_names(Path(first).name)]
 
 
 def check_vocabularies_remotely(p: PullPlan) -> str:

@@ -301,3 +301,23 @@ def test_a_second_pull_of_the_same_file_waits_its_turn(data, hub, tiny):
     assert first.returncode == 0, err
     assert set(manifest(data)) == {"a"}
     assert sha256(manifest(data)["a"]["target"]["path"]) == sha256(tiny.target_gguf)
+
+
+@pytest.mark.parametrize("copy", [False, True])
+def test_import_of_a_split_model_takes_every_part(data, tiny, tmp_path, monkeypatch, copy):
+    monkeypatch.setenv("LOCALSPEC_DATA_DIR", str(data))
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    first = folder / "m-00001-of-00002.gguf"
+    first.write_bytes(Path(tiny.target_gguf).read_bytes())
+    with pytest.raises(LocalspecError, match="A part of the split model is missing"):
+        library.import_model("m", first)
+    second = split_part(folder / "m-00002-of-00002.gguf", 1, 2)
+    with pytest.raises(LocalspecError, match="Not the first part"):
+        library.import_model("m", second)
+    model = library.import_model("m", first, tiny.draft_gguf, copy=copy)
+    assert [p.name for p in model.target.files] == [first.name, second.name]
+    assert model.target.size == first.stat().st_size + second.stat().st_size
+    assert model.target.path.parent == (data / "models" / "m" if copy else folder)
+    library.remove_model("m")
+    assert first.exists() and second.exists() and store_files(data) == []
