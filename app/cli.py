@@ -199,7 +199,10 @@ def build_parser() -> argparse.ArgumentParser:
 def set_network_mode(command: str) -> None:
     """Offline by construction: for every command but `pull`, tell the hub client and
     transformers they are offline. Both read these variables once, when first imported, so this
-    runs before anything imports them (nothing at this module's import time does)."""
+    runs before anything imports them (nothing at this module's import time does). No telemetry
+    either: `pull` talks to the hub about the files it fetches, nothing else (the client would
+    otherwise fetch an agent registry and describe this machine in its User-Agent)."""
+    os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
     if command not in ONLINE_COMMANDS:
         os.environ["HF_HUB_OFFLINE"] = "1"
         os.environ["TRANSFORMERS_OFFLINE"] = "1"

@@ -86,6 +86,7 @@ def test_the_audit_hook_does_see_a_connection(audited):
 
 
 def test_only_pull_is_online(monkeypatch):
+    monkeypatch.delenv("HF_HUB_DISABLE_TELEMETRY", raising=False)
     assert ONLINE_COMMANDS == {"pull"}
     for command in ("generate", "chat", "bench", "list", "import", "rm", "ngram", "some-new-one"):
         monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
@@ -96,3 +97,4 @@ def test_only_pull_is_online(monkeypatch):
     monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
     set_network_mode("pull")
     assert "HF_HUB_OFFLINE" not in os.environ and "TRANSFORMERS_OFFLINE" not in os.environ
+    assert os.environ["HF_HUB_DISABLE_TELEMETRY"] == "1"

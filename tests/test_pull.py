@@ -47,10 +47,10 @@ def hub(tiny):
 
 
 def env_for(data: Path, hub: FakeHub) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_TOKEN")}
+    env = {k: v for k, v in os.environ.items() if k not in
+           ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_TOKEN", "HF_HUB_DISABLE_TELEMETRY")}
     return {**env, "LOCALSPEC_DATA_DIR": str(data), "HF_ENDPOINT": hub.endpoint,
-            "HF_HOME": str(data.parent / "hf-home"), "HF_HUB_DISABLE_TELEMETRY": "1"}
+            "HF_HOME": str(data.parent / "hf-home")}
 
 
 def cli(data: Path, hub: FakeHub, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
@@ -97,6 +97,9 @@ def test_pull_known_name_installs_a_verified_pair_that_generates(data, hub, tiny
               and s.range and s.range.startswith("bytes=0-")]
     assert {Path(s.path).name for s in probes} == {CODER_15[1], CODER_05[1]}
 
+    # Only the listing, HEAD and GETs of the pair's files: no telemetry, no agent registry.
+    assert {s.path.split("/")[1] for s in hub.seen} == {"api", "Qwen", "cdn"}
+    assert all(s.path.startswith("/api/models/") for s in hub.seen if s.path.startswith("/api/"))
     listed = cli(data, hub, "list")
     assert listed.returncode == 0 and "qwen2.5-coder-1.5b" in listed.stdout
     assert "fits in" in listed.stdout and "free: VRAM" in listed.stdout
