@@ -18,14 +18,19 @@ def add_models_commands(sub: argparse._SubParsersAction) -> None:
                         "or OWNER/REPO[:FILE.gguf]")
     p.add_argument("--name", help="install under this name (default: the known name, or the file's)")
     drafts = p.add_mutually_exclusive_group()
-    drafts.add_argument("--draft", help="draft GGUF to fetch with it: OWNER/REPO[:FILE.gguf] "
-                                        "(a known name brings its own)")
+    drafts.add_argument("--draft", help="draft to fetch with it: OWNER/REPO[:FILE.gguf], or a "
+                                        "transformers repo OWNER/REPO (a PyTorch draft); a known "
+                                        "name brings its own")
     drafts.add_argument("--no-draft", action="store_true", help="fetch the target only")
+    drafts.add_argument("--torch-draft", action="store_true",
+                        help="a known pair's PyTorch draft (transformers, for a CUDA GPU) instead "
+                             "of its GGUF draft")
     p.set_defaults(run=cmd_pull)
     p = sub.add_parser("import", help="register GGUF files already on disk under a name")
     p.add_argument("name", help="the name to use with --model (letters, digits, '.', '_', '-')")
     p.add_argument("target", help="the target model: a .gguf file")
-    p.add_argument("--draft", help="a draft .gguf with the target's vocabulary")
+    p.add_argument("--draft", help="a draft with the target's vocabulary: a .gguf, or a "
+                                   "transformers folder (PyTorch draft)")
     p.add_argument("--copy", action="store_true",
                    help="copy the files into localspec's store (default: use them where they are)")
     p.set_defaults(run=cmd_import)
@@ -39,7 +44,8 @@ def add_models_commands(sub: argparse._SubParsersAction) -> None:
 def cmd_pull(args: argparse.Namespace) -> int:
     from localspec.models import pull
 
-    plan = pull.plan(args.model, name=args.name, draft=args.draft, with_draft=not args.no_draft)
+    plan = pull.plan(args.model, name=args.name, draft=args.draft, with_draft=not args.no_draft,
+                     torch_draft=args.torch_draft)
     done = pull.already_installed(plan)
     if done is not None:
         print(f"{done.name} is already installed ({done.target.path.parent}); nothing to do. "
@@ -53,7 +59,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
         raise
     draft = f" with draft {model.draft.path.name}" if model.draft else ""
     print(f"Pulled {model.name}: {model.target.path.name}{draft} ({_size(model.size)}, "
-          f"{model.quantization}, sha256 verified) into {model.target.path.parent}. "
+          f"{model.quantization}, every file verified against the hub's hashes) into {model.target.path.parent}. "
           f"Use it with: localspec chat --model {model.name}")
     return 0
 
@@ -89,7 +95,8 @@ def cmd_list(args: argparse.Namespace) -> int:
               f"{m.location}")
         parts = f" (+{len(m.target.parts)} parts)" if m.target.parts else ""
         print(f"    target {m.target.path}{parts}")
-        print(f"    draft  {m.draft.path if m.draft else '-'}")
+        kind = " (PyTorch)" if m.draft and m.draft.kind == "torch" else ""
+        print(f"    draft  {m.draft.path if m.draft else '-'}{kind}")
     return 0
 
 

@@ -9,6 +9,7 @@ localspec will try to load a model.
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -44,17 +45,32 @@ def kv_cache_bytes(info: GGUFInfo, n_ctx: int = CONTEXT) -> int | None:
     return n_ctx * n_layer * n_head_kv * (k_len + v_len) * KV_BYTES
 
 
-def need_bytes(ggufs: list[Path], weights: int) -> int | None:
-    """Weights + the KV cache of every model in `ggufs` (target, draft) + scratch."""
-    total = weights + SCRATCH
-    for path in ggufs:
+def torch_kv_cache_bytes(config: dict, n_ctx: int = CONTEXT) -> int | None:
+    """The same for a transformers config.json (a PyTorch draft)."""
+    try:
+        n_layer = int(config["num_hidden_layers"])
+        n_head = int(config["num_attention_heads"])
+        head_dim = int(config.get("head_dim") or int(config["hidden_size"]) // n_head)
+    except (KeyError, TypeError, ValueError):
+        return None
+    n_head_kv = int(config.get("num_key_value_heads") or n_head)
+    return n_ctx * n_layer * n_head_kv * 2 * head_dim * KV_BYTES
+
+
+def need_bytes(models: list) -> int | None:
+    """Weights + the KV cache of every model (library.ModelFile: target, draft) + scratch."""
+    total = SCRATCH
+    for model in models:
         try:
-            kv = kv_cache_bytes(read_gguf(path))
-        except LocalspecError:
+            if model.kind == "torch":
+                kv = torch_kv_cache_bytes(json.loads((model.path / "config.json").read_text()))
+            else:
+                kv = kv_cache_bytes(read_gguf(model.path, require_vocab=False))
+        except (LocalspecError, OSError, ValueError):
             return None
         if kv is None:
             return None
-        total += kv
+        total += model.size + kv
     return total
 
 

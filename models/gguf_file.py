@@ -140,6 +140,26 @@ def file_vocabulary(path: str | Path) -> Vocabulary:
     return vocab
 
 
+def token_texts(path: str | Path) -> list[str]:
+    """The token strings of a validated GGUF, by id (tokenizer.ggml.tokens)."""
+    path = Path(path).expanduser()
+    read_gguf(path)
+    with path.open("rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        r = _Reader(buf, path)
+        r.pos = 4 + 4 + 8
+        for _ in range(r.take("<Q")):
+            key = r.string()
+            vtype = r.take("<I")
+            if key == "tokenizer.ggml.tokens" and vtype == _ARRAY:
+                itype, n = r.take("<I"), r.take("<Q")
+                if itype == _STRING:
+                    return [r.string() for _ in range(n)]
+                raise LocalspecError("Model file is corrupt", f"'{path}': tokens are not strings",
+                                     _fix_for(path))
+            r.value(vtype)
+    return []
+
+
 def _fix_for(path: Path) -> str:
     return (f"Re-download the model (localspec pull NAME) or point --model at a complete .gguf "
             f"file; '{path}' cannot be used")

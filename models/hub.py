@@ -13,7 +13,9 @@ Why it is shaped so:
   content it must become: a later pull resumes it with a Range request and never appends to
   another version's bytes. The whole file is then hashed and compared with the hub's sha256
   (the listing's LFS sha256, cross-checked with the HEAD's etag) before anyone else sees it; a
-  mismatch deletes it. A verified file is renamed `<sha256>.gguf` and waits to be installed.
+  mismatch deletes it. A verified file is renamed `<hash>.verified` and waits to be installed.
+  Small non-LFS files (a PyTorch draft's config.json) have no sha256 on the hub; they are checked
+  against their git blob id instead (sha1 of "blob <size>\\0" + content), listing and ETag alike.
 * Repo file names, from the user or from the hub's listing, are checked before any request is
   made for them or any byte is written: no absolute paths, no `..`, plain segments only.
 """
@@ -38,6 +40,7 @@ CHUNK = 1 << 20                       # bytes per read of a probe or of a file b
 PROBE_SIZES = (4 << 20, 32 << 20)     # header bytes fetched to read a vocabulary before download
 RETRIES = 5                           # transient failures in a row before a pull gives up
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+_SHA1 = re.compile(r"[0-9a-f]{40}")
 _SEGMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,199}")
 _REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}")
 
@@ -47,7 +50,8 @@ class RemoteFile:
     repo: str
     name: str          # path inside the repo
     commit: str        # the commit every file of a pull is taken from
-    sha256: str
+    sha256: str | None          # LFS files (every GGUF, safetensors)
+    git_sha1: str | None        # small files kept in git: their blob id
     size: int
     url: str           # /resolve/ at the pinned commit: each request gets a fresh redirect
 
@@ -55,12 +59,17 @@ class RemoteFile:
     def source(self) -> str:
         return f"hf:{self.repo}/{self.name}@{self.commit[:12]}"
 
+    @property
+    def key(self) -> str:
+        """The content's name in the staging folder."""
+        return self.sha256 or f"git-{self.git_sha1}"
+
 
 @dataclass(frozen=True)
 class RepoListing:
     repo: str
     commit: str
-    files: dict[str, tuple[int | None, str | None]]    # name -> (size, LFS sha256)
+    files: dict[str, tuple[int | None, str | None, str | None]]   # name -> (size, LFS sha256, blob id)
 
     def ggufs(self) -> list[str]:
         return sorted(n for n in self.files if n.lower().endswith(".gguf"))
@@ -141,7 +150,8 @@ def list_repo(repo: str) -> RepoListing:
     if not info.sha:
         raise LocalspecError("The hub answered without a commit", f"{repo}: no 'sha' in the listing",
                              "Check HF_ENDPOINT points at a Hugging Face hub")
-    files = {s.rfilename: (s.size, s.lfs.sha256 if s.lfs else None) for s in info.siblings or []}
+    files = {s.rfilename: (s.size, s.lfs.sha256 if s.lfs else None, s.blob_id)
+             for s in info.siblings or []}
     return RepoListing(repo, info.sha, files)
 
 
@@ -154,7 +164,7 @@ def remote_file(listing: RepoListing, name: str) -> RemoteFile:
         have = ", ".join(listing.ggufs()) or "no .gguf files"
         raise LocalspecError("File not found on the hub", f"'{name}' is not in {listing.repo} "
                              f"(it has: {have})", f"Pick one: localspec pull {listing.repo}:FILE")
-    size, lfs_sha = listing.files[name]
+    size, lfs_sha, blob_id = listing.files[name]
     with hub_errors(listing.repo, name):
         head = get_hf_file_metadata(hf_hub_url(listing.repo, name, revision=listing.commit))
     # Downloads go to /resolve/ again rather than to head.location: the hub redirects LFS files
@@ -165,16 +175,24 @@ def remote_file(listing: RepoListing, name: str) -> RemoteFile:
                              f"says sha256 {lfs_sha}, the file's etag {etag_sha}",
                              "Try again later (the repo may be changing under you)")
     sha256 = lfs_sha or etag_sha
-    if sha256 is None:
-        raise LocalspecError("The hub gives no sha256 for this file", f"{listing.repo}:{name} is "
-                             "not stored with LFS, so its content cannot be verified",
+    git_sha1 = None
+    if sha256 is None:       # a small file kept in git: verify its blob id instead
+        etag_sha1 = head.etag if head.etag and _SHA1.fullmatch(head.etag) else None
+        if blob_id and etag_sha1 and blob_id != etag_sha1:
+            raise LocalspecError("The hub's metadata disagree", f"{listing.repo}:{name}: the "
+                                 f"listing says blob {blob_id}, the file's etag {etag_sha1}",
+                                 "Try again later (the repo may be changing under you)")
+        git_sha1 = blob_id or etag_sha1
+    if sha256 is None and git_sha1 is None:
+        raise LocalspecError("The hub gives no hash for this file", f"{listing.repo}:{name} has "
+                             "neither an LFS sha256 nor a git blob id, so it cannot be verified",
                              "Download it yourself and register it: localspec import NAME FILE.gguf")
     size = size if size is not None else head.size
     if size is None or (head.size is not None and head.size != size):
         raise LocalspecError("The hub's metadata disagree", f"{listing.repo}:{name}: sizes "
                              f"{size} (listing) and {head.size} (HEAD)", "Try again later")
     url = hf_hub_url(listing.repo, name, revision=listing.commit)
-    return RemoteFile(listing.repo, name, listing.commit, sha256, size, url)
+    return RemoteFile(listing.repo, name, listing.commit, sha256, git_sha1, size, url)
 
 
 def probe_vocabulary(remote: RemoteFile) -> Vocabulary | None:
@@ -186,6 +204,11 @@ def probe_vocabulary(remote: RemoteFile) -> Vocabulary | None:
         if vocab is not None or len(head) >= remote.size:
             return vocab
     return None
+
+
+def read_small(remote: RemoteFile) -> bytes:
+    """A small file's bytes (a config.json), unverified: for checks before the real download."""
+    return _read_prefix(remote, remote.size) if remote.size else b""
 
 
 def _read_prefix(remote: RemoteFile, n: int) -> bytes:
@@ -206,21 +229,22 @@ def _read_prefix(remote: RemoteFile, n: int) -> bytes:
 
 
 def download(remote: RemoteFile, downloads: Path) -> Path:
-    """The file, complete and verified against the hub's sha256, under `downloads`; resumes an
-    earlier `<sha256>.partial`. A wrong hash deletes the partial file and raises."""
-    done = downloads / f"{remote.sha256}.gguf"
+    """The file, complete and verified against the hub's hash, under `downloads`; resumes an
+    earlier `<hash>.partial`. A wrong hash deletes the partial file and raises."""
+    done = downloads / f"{remote.key}.verified"
     if done.is_file() and done.stat().st_size == remote.size:
         return done                                   # verified by an earlier, interrupted pull
     downloads.mkdir(parents=True, exist_ok=True)
-    partial = downloads / f"{remote.sha256}.partial"
+    partial = downloads / f"{remote.key}.partial"
     if partial.is_file() and partial.stat().st_size > remote.size:
         partial.unlink()
     _fetch(remote, partial)
-    got = _sha256_of(partial, remote.name)
-    if got != remote.sha256:
+    kind, want = ("sha256", remote.sha256) if remote.sha256 else ("git blob id", remote.git_sha1)
+    got = _digest_of(partial, remote)
+    if got != want:
         partial.unlink()
         raise LocalspecError("Downloaded file is corrupt", f"{remote.repo}:{remote.name} has "
-                             f"sha256 {got}, the hub says {remote.sha256}; the download was "
+                             f"{kind} {got}, the hub says {want}; the download was "
                              "deleted and nothing was installed",
                              "Run the same localspec pull again; if it fails again, a proxy or "
                              "mirror is altering the file")
@@ -314,12 +338,17 @@ def _resumes_at(response, have: int) -> bool:
     return response.status_code == 206 and found is not None and int(found.group(1)) == have
 
 
-def _sha256_of(path: Path, label: str) -> str:
+def _digest_of(path: Path, remote: RemoteFile) -> str:
+    """sha256 of the file, or its git blob id for a file without one (sha1 of a git header + it)."""
     from huggingface_hub.utils import tqdm
 
-    digest = hashlib.sha256()
-    with path.open("rb") as fh, tqdm(total=path.stat().st_size, unit="B", unit_scale=True,
-                                     desc=f"sha256 {_short(label)}",
+    size = path.stat().st_size
+    if remote.sha256:
+        digest = hashlib.sha256()
+    else:
+        digest = hashlib.sha1(f"blob {size}\0".encode())
+    with path.open("rb") as fh, tqdm(total=size, unit="B", unit_scale=True,
+                                     desc=f"verify {_short(remote.name)}",
                                      name="localspec.pull") as bar:
         while chunk := fh.read(CHUNK):
             digest.update(chunk)

@@ -15,7 +15,9 @@ Why it is shaped so:
 * Every file is validated with read_gguf before it is registered, and a draft must share the
   target's vocabulary (size and token-list fingerprint), so a registered pair always loads.
 * A split GGUF (`-00001-of-0000N.gguf`) is one ModelFile: the first part is its path (what
-  llama.cpp opens), the others are its `parts`.
+  llama.cpp opens), the others are its `parts`. A PyTorch draft is one ModelFile of kind "torch":
+  its path is the transformers folder (what `--draft` takes), its parts the files in it. Its
+  vocabulary is checked against the target GGUF's token by token (torch_draft.py).
 * Names are safe slugs; every path the store builds is checked to stay inside the store.
 """
 from __future__ import annotations
@@ -33,6 +35,7 @@ from pathlib import Path
 from typing import Iterator
 
 from localspec.engine.errors import LocalspecError
+from localspec.models import torch_draft
 from localspec.models.gguf_file import GGUFInfo, Vocabulary, file_vocabulary, read_gguf
 from localspec.models.ngram_store import data_dir
 
@@ -52,23 +55,25 @@ class ModelFile:
     owned: bool                # copied/downloaded into the store, deleted by `rm`
     quantization: str
     vocab_size: int
-    parts: tuple[Path, ...] = ()    # the later parts of a split GGUF
+    parts: tuple[Path, ...] = ()    # the later parts of a split GGUF; a torch folder's files
     source: str = ""                # where it came from: "hf:REPO/FILE@COMMIT", "" if imported
+    kind: str = "gguf"              # "gguf" (llama.cpp) or "torch" (a transformers folder)
 
     @property
     def files(self) -> tuple[Path, ...]:
-        return (self.path, *self.parts)
+        """Every file on disk: the GGUF and its parts, or the torch folder's files."""
+        return self.parts if self.kind == "torch" else (self.path, *self.parts)
 
     def to_json(self) -> dict:
         return {"path": str(self.path), "size": self.size, "owned": self.owned,
                 "quantization": self.quantization, "vocab_size": self.vocab_size,
-                "parts": [str(p) for p in self.parts], "source": self.source}
+                "parts": [str(p) for p in self.parts], "source": self.source, "kind": self.kind}
 
     @classmethod
     def from_json(cls, d: dict) -> ModelFile:
         return cls(Path(d["path"]), int(d["size"]), bool(d["owned"]), str(d["quantization"]),
                    int(d["vocab_size"]), tuple(Path(p) for p in d.get("parts", ())),
-                   str(d.get("source", "")))
+                   str(d.get("source", "")), str(d.get("kind", "gguf")))
 
 
 @dataclass(frozen=True)
@@ -104,9 +109,10 @@ class InstalledModel:
 @dataclass(frozen=True)
 class StagedFile:
     """A downloaded file, verified, waiting in `<store>/.downloads/` to be moved in."""
-    staged: tuple[Path, ...]        # every part, in order
+    staged: tuple[Path, ...]        # every part, in order (a torch draft: every file)
     names: tuple[str, ...]          # their file names in the store
     source: str
+    folder: str | None = None       # a torch draft's folder name inside `<store>/<name>/`
 
 
 @dataclass(frozen=True)
@@ -141,15 +147,18 @@ def check_name(name: str) -> str:
     return name
 
 
-def owned_path(name: str, file_name: str, root: Path | None = None) -> Path:
-    """Where the store keeps its own copy of `file_name` for model `name`, checked to stay inside."""
+def owned_path(name: str, file_name: str, root: Path | None = None,
+               folder: str | None = None) -> Path:
+    """Where the store keeps its own copy of `file_name` for model `name` (in `folder`, for a
+    torch draft), checked to stay inside."""
     check_name(name)
-    if not _FILE_NAME.fullmatch(file_name) or ".." in file_name:
-        raise LocalspecError("Bad model file name", f"'{file_name}' would leave the model store "
-                             "or is not a plain file name", "Rename the file to a plain name "
-                             "such as model-q4_k_m.gguf")
+    for plain in [file_name] + ([folder] if folder is not None else []):
+        if not _FILE_NAME.fullmatch(plain) or ".." in plain:
+            raise LocalspecError("Bad model file name", f"'{plain}' would leave the model store "
+                                 "or is not a plain file name", "Rename the file to a plain name "
+                                 "such as model-q4_k_m.gguf")
     base = store_dir(root).resolve()
-    path = (base / name / file_name).resolve()
+    path = (base / name / (folder or "") / file_name).resolve()
     if base not in path.parents:
         raise LocalspecError("Bad model file name", f"'{name}/{file_name}' resolves outside "
                              f"the model store {base}", "Use plain names without links or '..'")
@@ -276,31 +285,49 @@ def _parts_on_disk(first: Path) -> list[Path]:
 
 def import_model(name: str, target_path: str | Path, draft_path: str | Path | None = None,
                  copy: bool = False, root: Path | None = None) -> InstalledModel:
-    """Register GGUF files already on disk under `name`: in place (default) or copied into the
-    store. A split model is named by its first part; the others are found next to it."""
+    """Register files already on disk under `name`: in place (default) or copied into the store.
+    The target is a GGUF (a split one named by its first part; the others are found next to it);
+    the draft a GGUF or a transformers folder (a PyTorch draft)."""
     check_name(name)
-    groups = [_parts_on_disk(Path(target_path).expanduser().resolve())]
-    if draft_path is not None:
-        groups.append(_parts_on_disk(Path(draft_path).expanduser().resolve()))
+    target = _parts_on_disk(Path(target_path).expanduser().resolve())
     # validation: missing/non-GGUF/truncated refused; only a first part carries the tokenizer
-    infos = [[read_gguf(p, require_vocab=(i == 0)) for i, p in enumerate(g)] for g in groups]
-    if len(groups) == 2:
-        check_draft_vocabulary(groups[0][0], groups[1][0])
-    sources = [p for g in groups for p in g]
+    t_infos = [read_gguf(p, require_vocab=(i == 0)) for i, p in enumerate(target)]
+    draft: list[Path] = []
+    folder: Path | None = None
+    if draft_path is not None:
+        found = Path(draft_path).expanduser().resolve()
+        if found.is_dir():
+            folder = found
+            draft = [found / n for n in torch_draft.wanted_files(
+                p.name for p in found.iterdir() if p.is_file())]
+            d_torch = torch_draft.check_against(target[0], {p.name: p for p in draft},
+                                                target[0].name, found.name)
+        else:
+            draft = _parts_on_disk(found)
+            d_infos = [read_gguf(p, require_vocab=(i == 0)) for i, p in enumerate(draft)]
+            check_draft_vocabulary(target[0], draft[0])
+    sources = target + draft
     if copy:
-        dests = [owned_path(name, p.name, root) for p in sources]
+        dests = [owned_path(name, p.name, root, folder.name if folder and i >= len(target) else None)
+                 for i, p in enumerate(sources)]
         if len(set(dests)) != len(dests):
             raise LocalspecError("Target and draft have the same file name", f"'{sources[0].name}'",
                                  "Rename one of them before importing with --copy")
     with _locked(root):
         models = _read_manifest(root)
         _check_free(name, models)
-        placed = iter(_copy_all(sources, dests) if copy else sources)
-        records = [ModelFile(first, sum(i.file_size for i in info), copy, quantization_of(info[0]),
-                             info[0].vocab_size, tuple(rest))
-                   for info in infos for first, *rest in [[next(placed) for _ in info]]]
-        model = InstalledModel(name, records[0], records[1] if len(records) == 2 else None,
-                               time.time())
+        placed = _copy_all(sources, dests) if copy else sources
+        t_at, d_at = placed[:len(target)], placed[len(target):]
+        records = [ModelFile(t_at[0], sum(i.file_size for i in t_infos), copy,
+                             quantization_of(t_infos[0]), t_infos[0].vocab_size, tuple(t_at[1:]))]
+        if folder is not None:
+            records.append(ModelFile(d_at[0].parent, d_torch.size, copy, d_torch.dtype,
+                                     d_torch.vocab_size, tuple(d_at), "", "torch"))
+        elif draft:
+            records.append(ModelFile(d_at[0], sum(i.file_size for i in d_infos), copy,
+                                     quantization_of(d_infos[0]), d_infos[0].vocab_size,
+                                     tuple(d_at[1:])))
+        model = InstalledModel(name, records[0], records[1] if draft else None, time.time())
         models[name] = model
         _write_manifest(models, root)
     return model
@@ -317,12 +344,16 @@ def install_downloaded(name: str, target: StagedFile, draft: StagedFile | None,
                        root: Path | None = None) -> InstalledModel:
     """Move verified downloads into `<store>/<name>/` and register them: all or nothing."""
     check_name(name)
-    staged = [target] + ([draft] if draft else [])
-    infos = [[read_gguf(p, require_vocab=(i == 0)) for i, p in enumerate(s.staged)] for s in staged]
-    if draft:
+    t_infos = [read_gguf(p, require_vocab=(i == 0)) for i, p in enumerate(target.staged)]
+    if draft is not None and draft.folder is not None:
+        d_info = torch_draft.check_against(target.staged[0], dict(zip(draft.names, draft.staged)),
+                                           target.names[0], draft.folder)
+    elif draft is not None:
+        d_infos = [read_gguf(p, require_vocab=(i == 0)) for i, p in enumerate(draft.staged)]
         check_vocabularies(target.names[0], file_vocabulary(target.staged[0]),
                            draft.names[0], file_vocabulary(draft.staged[0]))
-    dests = [[owned_path(name, n, root) for n in s.names] for s in staged]
+    staged = [target] + ([draft] if draft else [])
+    dests = [[owned_path(name, n, root, s.folder) for n in s.names] for s in staged]
     flat = [d for group in dests for d in group]
     if len(set(flat)) != len(flat):
         raise LocalspecError("Target and draft have the same file name", f"{[d.name for d in flat]}",
@@ -337,11 +368,18 @@ def install_downloaded(name: str, target: StagedFile, draft: StagedFile | None,
                     dest.parent.mkdir(parents=True, exist_ok=True)
                     os.replace(src, dest)
                     moved.append((src, dest))
-            _fsync_dir(flat[0].parent)
-            records = [ModelFile(group[0], sum(i.file_size for i in info), True,
-                                 quantization_of(info[0]), info[0].vocab_size,
-                                 tuple(group[1:]), s_file.source)
-                       for s_file, group, info in zip(staged, dests, infos)]
+            for folder in {d.parent for d in flat}:
+                _fsync_dir(folder)
+            records = [ModelFile(dests[0][0], sum(i.file_size for i in t_infos), True,
+                                 quantization_of(t_infos[0]), t_infos[0].vocab_size,
+                                 tuple(dests[0][1:]), target.source)]
+            if draft is not None and draft.folder is not None:
+                records.append(ModelFile(dests[1][0].parent, d_info.size, True, d_info.dtype,
+                                         d_info.vocab_size, tuple(dests[1]), draft.source, "torch"))
+            elif draft is not None:
+                records.append(ModelFile(dests[1][0], sum(i.file_size for i in d_infos), True,
+                                         quantization_of(d_infos[0]), d_infos[0].vocab_size,
+                                         tuple(dests[1][1:]), draft.source))
             model = InstalledModel(name, records[0], records[1] if draft else None, time.time())
             models[name] = model
             _write_manifest(models, root)
@@ -361,8 +399,9 @@ def _copy_all(sources: list[Path], dests: list[Path]) -> list[Path]:
     except BaseException:
         for path in done:
             path.unlink(missing_ok=True)
-        if dests[0].parent.is_dir() and not any(dests[0].parent.iterdir()):
-            dests[0].parent.rmdir()
+        for folder in sorted({d.parent for d in dests}, key=lambda f: len(f.parts), reverse=True):
+            if folder.is_dir() and not any(folder.iterdir()):
+                folder.rmdir()
         raise
     return done
 
@@ -400,7 +439,7 @@ def list_models(root: Path | None = None) -> list[ModelListing]:
     for name, model in sorted(_read_manifest(root).items()):
         files = [model.target] + ([model.draft] if model.draft else [])
         missing = tuple(p for f in files for p in f.files if not p.is_file())
-        need = None if missing else fit.need_bytes([f.path for f in files], model.size)
+        need = None if missing else fit.need_bytes(files)
         rows.append(ModelListing(model, fit.verdict(need, free), need, missing))
     return rows
 
@@ -419,6 +458,9 @@ def remove_model(name: str, root: Path | None = None) -> InstalledModel:
         for path in f.files:
             if f.owned and base in path.resolve().parents:
                 path.unlink(missing_ok=True)
+        if (f.kind == "torch" and f.owned and base in f.path.resolve().parents
+                and f.path.is_dir() and not any(f.path.iterdir())):
+            f.path.rmdir()
     folder = base / name
     if folder.is_dir():
         for stale in folder.glob(f"*{PARTIAL_SUFFIX}"):

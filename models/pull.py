@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from localspec.engine.errors import LocalspecError
-from localspec.models import hub, library, registry
+from localspec.models import hub, library, registry, torch_draft
 from localspec.models.hub import RemoteFile, RepoListing
 
 _PREFERRED_QUANT = "q4_k_m"
@@ -23,7 +23,8 @@ _PREFERRED_QUANT = "q4_k_m"
 
 @dataclass(frozen=True)
 class RemoteModel:
-    parts: tuple[RemoteFile, ...]     # one file, or every part of a split GGUF in order
+    parts: tuple[RemoteFile, ...]     # one file, every part of a split GGUF, or a torch folder's files
+    kind: str = "gguf"                # or "torch": a transformers folder (PyTorch draft)
 
     @property
     def size(self) -> int:
@@ -32,8 +33,13 @@ class RemoteModel:
     @property
     def label(self) -> str:
         first = self.parts[0]
+        if self.kind == "torch":
+            return f"{first.repo} (PyTorch: {', '.join(p.name for p in self.parts)})"
         more = f" (+{len(self.parts) - 1} parts)" if len(self.parts) > 1 else ""
         return f"{first.repo}:{first.name}{more}"
+
+    def config(self) -> RemoteFile:
+        return next(p for p in self.parts if p.name == "config.json")
 
 
 @dataclass(frozen=True)
@@ -53,20 +59,31 @@ def parse_spec(spec: str) -> tuple[str, str | None]:
 
 
 def plan(spec: str, name: str | None = None, draft: str | None = None,
-         with_draft: bool = True) -> PullPlan:
-    """What a pull would fetch: names checked, hub metadata read, nothing downloaded."""
+         with_draft: bool = True, torch_draft: bool = False) -> PullPlan:
+    """What a pull would fetch: names checked, hub metadata read, nothing downloaded.
+    `draft` is OWNER/REPO[:FILE]: a GGUF, or a transformers repo (a PyTorch draft);
+    `torch_draft` takes a known pair's PyTorch draft instead of its GGUF one."""
     if "/" not in spec:
         pair = registry.lookup(spec)                       # unknown: lists the known names
+        if name is not None:
+            library.check_name(name)
         target = _hub_files(pair.target.repo, pair.target.files)
         if draft:
-            d_model = _from_spec(draft)
+            d_model = _from_spec(draft, allow_torch=True)
+        elif with_draft and torch_draft and pair.torch_draft:
+            d_model = _torch_model(hub.list_repo(pair.torch_draft))
         elif with_draft and pair.draft:
             d_model = _hub_files(pair.draft.repo, pair.draft.files)
         else:
             d_model = None
         return PullPlan(library.check_name(name or pair.name), target, d_model)
+    if torch_draft:
+        raise LocalspecError("--torch-draft needs a known name", f"'{spec}' is a repo",
+                             "Name the PyTorch draft repo instead: --draft OWNER/REPO")
+    if name is not None:
+        library.check_name(name)
     target = _from_spec(spec)
-    d_model = _from_spec(draft) if draft and with_draft else None
+    d_model = _from_spec(draft, allow_torch=True) if draft and with_draft else None
     return PullPlan(library.check_name(name or default_name(target.parts[0].name)), target, d_model)
 
 
@@ -85,11 +102,22 @@ def _hub_files(repo: str, files: tuple[str, ...]) -> RemoteModel:
     return RemoteModel(tuple(hub.remote_file(listing, f) for f in files))
 
 
-def _from_spec(spec: str) -> RemoteModel:
+def _from_spec(spec: str, allow_torch: bool = False) -> RemoteModel:
     repo, file = parse_spec(spec)
     listing = hub.list_repo(repo)
+    if file is None and allow_torch and not listing.ggufs() and torch_draft.is_torch_repo(listing.files):
+        return _torch_model(listing)
     first = file or _pick_gguf(listing)
     return RemoteModel(tuple(hub.remote_file(listing, f) for f in _parts_of(first)))
+
+
+def _torch_model(listing: RepoListing) -> RemoteModel:
+    """The top-level config, tokenizer and safetensors files (no folders: nothing else is fetched)."""
+    if not torch_draft.is_torch_repo(listing.files):
+        raise LocalspecError("Not a transformers repository", f"{listing.repo} has no config.json "
+                             "with .safetensors weights", "Name a PyTorch model repo as the draft")
+    files = torch_draft.wanted_files(listing.files)
+    return RemoteModel(tuple(hub.remote_file(listing, f) for f in files), "torch")
 
 
 def _pick_gguf(listing: RepoListing) -> str:
@@ -123,6 +151,8 @@ def check_vocabularies_remotely(p: PullPlan) -> str:
     """Compare the pair's vocabularies from their headers before downloading; a line to print."""
     if p.draft is None:
         return "no draft"
+    if p.draft.kind == "torch":
+        return _check_torch_vocabulary_remotely(p)
     t_vocab = hub.probe_vocabulary(p.target.parts[0])
     d_vocab = hub.probe_vocabulary(p.draft.parts[0])
     if t_vocab is None or d_vocab is None:
@@ -148,6 +178,22 @@ def already_installed(p: PullPlan, root: Path | None = None) -> library.Installe
                          f"Remove it first (localspec rm {p.name}), or pull under another --name")
 
 
+def _check_torch_vocabulary_remotely(p: PullPlan) -> str:
+    """The target header's token count against the draft's config.json vocab_size."""
+    t_vocab = hub.probe_vocabulary(p.target.parts[0])
+    config = p.draft.config()
+    d_size = torch_draft.config_vocab_size(hub.read_small(config), f"{config.repo}/config.json")
+    if t_vocab is None:
+        return "target vocabulary not readable from its header; checked after download"
+    if t_vocab.size != d_size:
+        raise LocalspecError("Draft vocabulary does not match the target",
+                             f"draft '{config.repo}' has {d_size} tokens (config.json), target "
+                             f"'{p.target.parts[0].name}' has {t_vocab.size} tokens",
+                             "Use the draft of the target's model family (same tokenizer)")
+    return (f"target and PyTorch draft both have {t_vocab.size} tokens "
+            "(token texts compared after download)")
+
+
 def pull(p: PullPlan, root: Path | None = None, log=lambda line: print(line, file=sys.stderr)
          ) -> library.InstalledModel:
     existing = already_installed(p, root)
@@ -170,8 +216,12 @@ def pull(p: PullPlan, root: Path | None = None, log=lambda line: print(line, fil
 
 def _download(model: RemoteModel, downloads: Path) -> library.StagedFile:
     paths = tuple(hub.download(part, downloads) for part in model.parts)
+    first = model.parts[0]
+    if model.kind == "torch":
+        return library.StagedFile(paths, tuple(part.name for part in model.parts),
+                                  f"hf:{first.repo}@{first.commit[:12]}", first.repo.split("/")[1])
     return library.StagedFile(paths, tuple(Path(part.name).name for part in model.parts),
-                              model.parts[0].source)
+                              first.source)
 
 
 def _gib(n: int) -> str:

@@ -6,7 +6,9 @@ It serves the endpoints huggingface_hub uses for a pull, with the hub's headers:
 LFS sha256), `HEAD /{repo}/resolve/{rev}/{file}` (X-Repo-Commit, ETag, X-Linked-Etag,
 X-Linked-Size; X-Error-Code RepoNotFound / EntryNotFound on 404) and `GET` of the same, which
 redirects (302) to a signed-looking `/cdn/...` address serving the bytes with Range (206 +
-Content-Range), as the hub redirects LFS files to its CDN. Faults a test can arm per file: cut the connection after N bytes,
+Content-Range), as the hub redirects LFS files to its CDN. Files other than .gguf/.safetensors
+are kept "in git", as on the hub: listed without LFS data, their ETag and blobId the git blob
+sha1, served directly from /resolve/. Faults a test can arm per file: cut the connection after N bytes,
 stall after N bytes until released, serve a corrupted byte under the right metadata. Every
 request is recorded (method, path, Range) so tests can assert what the client asked for.
 """
@@ -49,6 +51,13 @@ class Repo:
     def __post_init__(self) -> None:
         self.sha256 = {n: hashlib.sha256(c).hexdigest() for n, c in self.files.items()}
         self.commit = hashlib.sha1(json.dumps(sorted(self.sha256.items())).encode()).hexdigest()
+
+    def is_lfs(self, name: str) -> bool:
+        return name.endswith((".gguf", ".safetensors"))
+
+    def blob_id(self, name: str) -> str:
+        content = self.files[name]
+        return hashlib.sha1(f"blob {len(content)}\0".encode() + content).hexdigest()
 
 
 class FakeHub:
@@ -128,8 +137,9 @@ def _handler_for(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
             repo = hub.repos.get(repo_id)
             if repo is None:
                 return self._error(404, "RepoNotFound", "Repository not found")
-            siblings = [{"rfilename": n, "size": len(c), "blobId": repo.sha256[n][:40],
-                         "lfs": {"sha256": repo.sha256[n], "size": len(c), "pointerSize": 134}}
+            siblings = [{"rfilename": n, "size": len(c), "blobId": repo.blob_id(n),
+                         **({"lfs": {"sha256": repo.sha256[n], "size": len(c), "pointerSize": 134}}
+                            if repo.is_lfs(n) else {})}
                         for n, c in sorted(repo.files.items())]
             siblings += [{"rfilename": n, "size": 10, "blobId": "0" * 40,
                           "lfs": {"sha256": "0" * 64, "size": 10, "pointerSize": 134}}
@@ -146,25 +156,25 @@ def _handler_for(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
                 return self._error(404, "EntryNotFound", "Entry not found",
                                    {"X-Repo-Commit": repo.commit})
             content, sha = repo.files[name], repo.sha256[name]
+            if not repo.is_lfs(name):
+                headers = {"X-Repo-Commit": repo.commit, "ETag": f'"{repo.blob_id(name)}"'}
+                return self._bytes(repo_id, name, headers) if body else self._head(
+                    headers, len(content))
             headers = {"X-Repo-Commit": repo.commit, "ETag": f'"{sha}"',
                        "X-Linked-Etag": f'"{sha}"', "X-Linked-Size": str(len(content)),
                        "Accept-Ranges": "bytes", "Content-Type": "application/octet-stream"}
             if not body:
-                headers["Content-Length"] = str(len(content))
-                self.send_response(200)
-                for k, v in headers.items():
-                    self.send_header(k, v)
-                self.end_headers()
-                return
+                return self._head(headers, len(content))
             cdn = f"/cdn/{repo_id}/{sha}/{name}?expires=9999999999&signature=x"
             self._send(302, {**headers, "Location": cdn}, b"")
 
-        def _bytes(self, repo_id: str, name: str) -> None:
+        def _bytes(self, repo_id: str, name: str, extra: dict[str, str] | None = None) -> None:
             repo = hub.repos.get(repo_id)
             if repo is None or name not in repo.files:
                 return self._error(404, None, "no such object")
             content = repo.files[name]
-            headers = {"Accept-Ranges": "bytes", "Content-Type": "application/octet-stream"}
+            headers = {"Accept-Ranges": "bytes", "Content-Type": "application/octet-stream",
+                       **(extra or {})}
             fault = hub.faults.get((repo_id, name))
             start, end = 0, len(content) - 1
             ranged = self.headers.get("Range")
@@ -211,6 +221,12 @@ def _handler_for(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
                 headers["X-Error-Code"] = code
             headers["X-Error-Message"] = message
             self._send(status, headers, json.dumps({"error": message}).encode())
+
+        def _head(self, headers: dict[str, str], length: int) -> None:
+            self.send_response(200)
+            for k, v in {**headers, "Content-Length": str(length)}.items():
+                self.send_header(k, v)
+            self.end_headers()
 
         def _send(self, status: int, headers: dict[str, str], payload: bytes) -> None:
             self.send_response(status)

@@ -181,7 +181,7 @@ def test_missing_referenced_file_is_shown(data, tiny, tmp_path):
         resolve_models("mine", None)
 
 
-def test_fit_estimate(tiny, tmp_path, monkeypatch):
+def test_fit_estimate(data, tiny, tmp_path, monkeypatch):
     from localspec.models import fit
     from localspec.models.gguf_file import read_gguf
 
@@ -190,7 +190,8 @@ def test_fit_estimate(tiny, tmp_path, monkeypatch):
     layers, heads = m["qwen2.block_count"], m["qwen2.attention.head_count"]
     kv_heads, width = m["qwen2.attention.head_count_kv"], m["qwen2.embedding_length"]
     assert fit.kv_cache_bytes(info) == 4096 * layers * kv_heads * 2 * (width // heads) * 2
-    assert fit.need_bytes([Path(tiny.target_gguf)], 100) == 100 + fit.SCRATCH + fit.kv_cache_bytes(info)
+    model = library.import_model("t", tiny.target_gguf).target
+    assert fit.need_bytes([model]) == model.size + fit.SCRATCH + fit.kv_cache_bytes(info)
 
     gib = 1 << 30
     assert fit.verdict(1 * gib, fit.FreeMemory(vram=2 * gib, ram=8 * gib)) == "fits in VRAM"

@@ -83,7 +83,8 @@ def refused(proc: subprocess.CompletedProcess, *phrases: str) -> None:
 def test_pull_known_name_installs_a_verified_pair_that_generates(data, hub, tiny):
     done = cli(data, hub, "pull", "qwen2.5-coder-1.5b")
     assert done.returncode == 0, done.stderr
-    assert "sha256 verified" in done.stdout and "share one vocabulary" in done.stderr
+    assert "verified against the hub's hashes" in done.stdout
+    assert "share one vocabulary" in done.stderr
     entry = manifest(data)["qwen2.5-coder-1.5b"]
     target, draft = Path(entry["target"]["path"]), Path(entry["draft"]["path"])
     assert target == data / "models" / "qwen2.5-coder-1.5b" / CODER_15[1]
@@ -324,3 +325,65 @@ def test_import_of_a_split_model_takes_every_part(data, tiny, tmp_path, monkeypa
     assert model.target.path.parent == (data / "models" / "m" if copy else folder)
     library.remove_model("m")
     assert first.exists() and second.exists() and store_files(data) == []
+
+
+# ---- PyTorch drafts: a transformers repo fetched as a folder, token texts checked ----------------
+def torch_repo(folder: Path, **replace: bytes) -> dict[str, bytes | Path]:
+    files: dict[str, bytes | Path] = {p.name: p for p in folder.iterdir() if p.is_file()}
+    files.update({".gitattributes": b"*.safetensors filter=lfs\n", "README.md": b"# draft\n",
+                  "onnx/model.onnx": b"not fetched"})
+    files.update(replace)
+    return files
+
+
+def test_pull_with_a_pytorch_draft_installs_a_folder_that_generates(data, hub, tiny):
+    hub.add("Qwen/Qwen2.5-Coder-0.5B-Instruct", torch_repo(Path(tiny.draft_torch)))
+    done = cli(data, hub, "pull", "qwen2.5-coder-1.5b", "--torch-draft")
+    assert done.returncode == 0, done.stderr
+    assert "both have 512 tokens" in done.stderr
+    draft = manifest(data)["qwen2.5-coder-1.5b"]["draft"]
+    folder = data / "models" / "qwen2.5-coder-1.5b" / "Qwen2.5-Coder-0.5B-Instruct"
+    assert draft["kind"] == "torch" and Path(draft["path"]) == folder
+    assert sorted(p.name for p in folder.iterdir()) == sorted(
+        p.name for p in Path(tiny.draft_torch).iterdir() if p.is_file())     # no README, onnx
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):    # git and LFS files
+        assert sha256(folder / name) == sha256(Path(tiny.draft_torch) / name)
+    assert "(PyTorch)" in cli(data, hub, "list").stdout
+    gen = cli(data, hub, "generate", "hi", "--model", "qwen2.5-coder-1.5b", "--json",
+              "--max-tokens", "4", "--ctx", "512")
+    assert gen.returncode == 0, gen.stderr
+    assert "torch-draft" in {s["name"] for s in json.loads(gen.stdout)["stats"]["stages"]}
+    assert cli(data, hub, "rm", "qwen2.5-coder-1.5b").returncode == 0
+    assert store_files(data) == [] and not folder.exists()
+
+
+def test_a_pytorch_draft_with_another_vocabulary_is_refused_before_download(data, hub, tiny):
+    hub.add("acme/Other-Draft", torch_repo(Path(tiny.other_vocab_torch)))
+    proc = cli(data, hub, "pull", f"{TINY}:target.gguf", "--draft", "acme/Other-Draft")
+    refused(proc, "Draft vocabulary does not match the target",
+            "'acme/Other-Draft' has 300 tokens", f"'target.gguf' has {tiny.vocab_size} tokens")
+    assert hub.gets("model.safetensors") == [] and manifest(data) == {} and store_files(data) == []
+
+
+def test_a_pytorch_draft_numbering_tokens_differently_is_refused_after_download(data, hub, tiny):
+    spec = json.loads((Path(tiny.draft_torch) / "tokenizer.json").read_text())
+    vocab = spec["model"]["vocab"]
+    a, b = sorted(vocab, key=vocab.get)[100:102]
+    vocab[a], vocab[b] = vocab[b], vocab[a]                  # same size, two ids swapped
+    hub.add("acme/Twisted-Draft", torch_repo(Path(tiny.draft_torch),
+                                             **{"tokenizer.json": json.dumps(spec).encode()}))
+    proc = cli(data, hub, "pull", f"{TINY}:target.gguf", "--draft", "acme/Twisted-Draft")
+    refused(proc, "Draft vocabulary does not match the target", f"token {min(vocab[a], vocab[b])}",
+            "in target 'target.gguf'", "in draft 'Twisted-Draft'")
+    assert manifest(data) == {} and store_files(data) == []       # verified files dropped too
+
+
+def test_import_with_a_pytorch_draft_folder(data, tiny, monkeypatch):
+    monkeypatch.setenv("LOCALSPEC_DATA_DIR", str(data))
+    model = library.import_model("t", tiny.target_gguf, tiny.draft_torch, copy=True)
+    assert model.draft.kind == "torch" and model.draft.path == data / "models" / "t" / "draft"
+    assert (model.draft.path / "model.safetensors").is_file()
+    with pytest.raises(LocalspecError, match="300 tokens"):
+        library.import_model("o", tiny.target_gguf, tiny.other_vocab_torch)
+    library.remove_model("t")
+    assert store_files(data) == [] and Path(tiny.draft_torch, "config.json").is_file()
