@@ -77,6 +77,11 @@ def cmd_list(args: argparse.Namespace) -> int:
     from localspec.models import fit
 
     rows = library.list_models()
+    waiting = library.unfinished_downloads()
+    if waiting:
+        print(f"{len(waiting)} unfinished download(s), {_size(sum(p.stat().st_size for p in waiting))}"
+              f" in {library.downloads_dir()}: the same `localspec pull` resumes them "
+              "(or delete them)")
     if not rows:
         print(f"No models installed ({library.store_dir()}). Add one with: "
               "localspec pull NAME, or localspec import NAME FILE.gguf")

@@ -18,6 +18,8 @@ Why it is shaped so:
   against their git blob id instead (sha1 of "blob <size>\\0" + content), listing and ETag alike.
 * Repo file names, from the user or from the hub's listing, are checked before any request is
   made for them or any byte is written: no absolute paths, no `..`, plain segments only.
+* huggingface_hub is imported inside the functions: only `pull` ever loads it, and by then
+  cli.main has settled its offline switch.
 """
 from __future__ import annotations
 
@@ -327,8 +329,8 @@ def _stream_into(remote: RemoteFile, fh: BinaryIO, bar) -> None:
                                          f"{remote.repo}:{remote.name} is {remote.size:,} bytes",
                                          "Run the same localspec pull again")
                 fh.write(chunk)
+                fh.flush()            # to the OS at once: a killed pull keeps what arrived
                 bar.update(len(chunk))
-            fh.flush()
     if fh.tell() < remote.size:
         raise _ShortBody(f"the server closed after {fh.tell():,} bytes")
 

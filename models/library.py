@@ -423,6 +423,12 @@ def _copy_in(src: Path, dest: Path) -> Path:
     return dest
 
 
+def unfinished_downloads(root: Path | None = None) -> list[Path]:
+    """Partial downloads waiting in the staging folder (a later pull of the same file resumes)."""
+    folder = downloads_dir(root)
+    return sorted(folder.glob(f"*{PARTIAL_SUFFIX}")) if folder.is_dir() else []
+
+
 def installed(root: Path | None = None) -> dict[str, InstalledModel]:
     return _read_manifest(root)
 
