@@ -38,6 +38,12 @@ class RemoteModel:
         more = f" (+{len(self.parts) - 1} parts)" if len(self.parts) > 1 else ""
         return f"{first.repo}:{first.name}{more}"
 
+    @property
+    def source(self) -> str:
+        """Provenance for the manifest: hf:REPO/FILE@COMMIT, or hf:REPO@COMMIT for a folder."""
+        first = self.parts[0]
+        return f"hf:{first.repo}@{first.commit[:12]}" if self.kind == "torch" else first.source
+
     def config(self) -> RemoteFile:
         return next(p for p in self.parts if p.name == "config.json")
 
@@ -161,23 +167,6 @@ def check_vocabularies_remotely(p: PullPlan) -> str:
     return f"target and draft share one vocabulary ({t_vocab.describe()})"
 
 
-def already_installed(p: PullPlan, root: Path | None = None) -> library.InstalledModel | None:
-    """The installed model if `p.name` is this very pull done before (same repo files, all on
-    disk); None if the name is free; LocalspecError if the name holds something else."""
-    existing = library.get_model(p.name, root)
-    if existing is None:
-        return None
-    wanted = [m.parts[0].source.split("@")[0] for m in (p.target, p.draft) if m]
-    have = [f.source.split("@")[0] for f in (existing.target, existing.draft) if f]
-    on_disk = all(path.is_file() for f in (existing.target, existing.draft) if f for path in f.files)
-    if wanted == have and on_disk:
-        return existing
-    raise LocalspecError(f"Model '{p.name}' is already installed",
-                         f"'{p.name}' points at {existing.target.path}"
-                         + ("" if on_disk else ", and some of its files are missing"),
-                         f"Remove it first (localspec rm {p.name}), or pull under another --name")
-
-
 def _check_torch_vocabulary_remotely(p: PullPlan) -> str:
     """The target header's token count against the draft's config.json vocab_size."""
     t_vocab = hub.probe_vocabulary(p.target.parts[0])
@@ -192,6 +181,23 @@ def _check_torch_vocabulary_remotely(p: PullPlan) -> str:
                              "Use the draft of the target's model family (same tokenizer)")
     return (f"target and PyTorch draft both have {t_vocab.size} tokens "
             "(token texts compared after download)")
+
+
+def already_installed(p: PullPlan, root: Path | None = None) -> library.InstalledModel | None:
+    """The installed model if `p.name` is this very pull done before (same repo files, all on
+    disk); None if the name is free; LocalspecError if the name holds something else."""
+    existing = library.get_model(p.name, root)
+    if existing is None:
+        return None
+    wanted = [m.source.split("@")[0] for m in (p.target, p.draft) if m]
+    have = [f.source.split("@")[0] for f in (existing.target, existing.draft) if f]
+    on_disk = all(path.is_file() for f in (existing.target, existing.draft) if f for path in f.files)
+    if wanted == have and on_disk:
+        return existing
+    raise LocalspecError(f"Model '{p.name}' is already installed",
+                         f"'{p.name}' points at {existing.target.path}"
+                         + ("" if on_disk else ", and some of its files are missing"),
+                         f"Remove it first (localspec rm {p.name}), or pull under another --name")
 
 
 def pull(p: PullPlan, root: Path | None = None, log=lambda line: print(line, file=sys.stderr)
@@ -216,12 +222,11 @@ def pull(p: PullPlan, root: Path | None = None, log=lambda line: print(line, fil
 
 def _download(model: RemoteModel, downloads: Path) -> library.StagedFile:
     paths = tuple(hub.download(part, downloads) for part in model.parts)
-    first = model.parts[0]
     if model.kind == "torch":
-        return library.StagedFile(paths, tuple(part.name for part in model.parts),
-                                  f"hf:{first.repo}@{first.commit[:12]}", first.repo.split("/")[1])
+        return library.StagedFile(paths, tuple(part.name for part in model.parts), model.source,
+                                  model.parts[0].repo.split("/")[1])
     return library.StagedFile(paths, tuple(Path(part.name).name for part in model.parts),
-                              first.source)
+                              model.source)
 
 
 def _gib(n: int) -> str:

@@ -351,6 +351,8 @@ def test_pull_with_a_pytorch_draft_installs_a_folder_that_generates(data, hub, t
     for name in ("config.json", "model.safetensors", "tokenizer.json"):    # git and LFS files
         assert sha256(folder / name) == sha256(Path(tiny.draft_torch) / name)
     assert "(PyTorch)" in cli(data, hub, "list").stdout
+    again = cli(data, hub, "pull", "qwen2.5-coder-1.5b", "--torch-draft")
+    assert again.returncode == 0 and "already installed" in again.stdout, again.stderr
     gen = cli(data, hub, "generate", "hi", "--model", "qwen2.5-coder-1.5b", "--json",
               "--max-tokens", "4", "--ctx", "512")
     assert gen.returncode == 0, gen.stderr
