@@ -119,8 +119,9 @@ def hub_errors(repo: str, name: str | None = None, transport: bool = True) -> It
                              "Check the OWNER/NAME spelling as shown on huggingface.co, or pull "
                              "a known name: localspec pull qwen2.5-coder-1.5b") from None
     except RevisionNotFoundError:
-        raise LocalspecError("Revision not found on the hub", f"{repo} has no such revision",
-                             "Pull the default branch (leave --revision out)") from None
+        raise LocalspecError("Revision not found on the hub", f"{repo} has no default branch "
+                             "(or it moved during the pull)", "Check the repo on huggingface.co, "
+                             "then run the same pull again") from None
     except RemoteEntryNotFoundError:
         raise LocalspecError("File not found on the hub", f"'{name}' is not in {repo}",
                              f"List the repo's files on huggingface.co/{repo}, then "

@@ -181,6 +181,14 @@ def test_unknown_repo_file_or_name_fail_clearly(data, hub):
     assert manifest(data) == {} and store_files(data) == []
 
 
+def test_an_offline_switch_left_on_is_named(data, hub):
+    env = {**env_for(data, hub), "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-m", "localspec.app.cli", "pull", f"{TINY}:target.gguf"],
+                          env=env, capture_output=True, text=True, timeout=300)
+    refused(proc, "The hub client is in offline mode", "HF_HUB_OFFLINE")
+    assert hub.seen == []
+
+
 @pytest.mark.parametrize("spec", [f"{TINY}:../../escape.gguf", f"{TINY}:/etc/escape.gguf",
                                   f"{TINY}:sub/../../escape.gguf", "../evil/repo:target.gguf"])
 def test_a_file_name_escaping_the_store_is_refused_before_any_request(data, hub, spec):
