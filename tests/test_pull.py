@@ -2,11 +2,13 @@
 huggingface_hub client pointed there with HF_ENDPOINT. Each pull runs as its own process, as a
 user's would: the client reads HF_ENDPOINT and the offline switch once, at import.
 
-What they show: a known name installs a verified pair that generates; a dropped connection and a
-killed pull both resume with a Range request; a corrupted byte is caught and nothing installed;
-unknown repos, files and names fail clearly; file names that would leave the store are refused
-before any request; a draft with another vocabulary is refused before its download, naming both
-vocabularies; split models arrive whole; the library's after-download check stands on its own.
+What they show: a known name installs a verified pair that generates (and pulling it again is a
+no-op); a dropped connection, a Ctrl-C and a kill -9 all resume with a Range request; a corrupted
+byte is caught and nothing installed; unknown repos, files and names fail clearly; file names that
+would leave the store are refused before any request; a draft with another vocabulary is refused
+before its download, naming both vocabularies; split models arrive whole; two pulls never write
+one file; PyTorch drafts arrive as verified folders whose token texts match the target's; the
+library's after-download checks stand on their own.
 """
 from __future__ import annotations
 
