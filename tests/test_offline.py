@@ -98,3 +98,14 @@ def test_only_pull_is_online(monkeypatch):
     set_network_mode("pull")
     assert "HF_HUB_OFFLINE" not in os.environ and "TRANSFORMERS_OFFLINE" not in os.environ
     assert os.environ["HF_HUB_DISABLE_TELEMETRY"] == "1"
+
+
+def test_importing_the_command_line_is_enough_to_be_offline():
+    """A chat UI started another way than `localspec ...` imports the CLI module: offline too."""
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    code = ("import os, localspec.app.cli, huggingface_hub.constants as c; "
+            "print(os.environ['HF_HUB_OFFLINE'], os.environ['TRANSFORMERS_OFFLINE'], c.HF_HUB_OFFLINE)")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["1", "1", "True"]
