@@ -19,9 +19,13 @@ from .models_cmd import add_models_commands
 from .ngram_cmd import add_ngram
 from .paths import model_path, resolve_models
 
-# Generation never touches the network: keep the hub client offline in this process.
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# `pull` is the only command that may open a network connection. Whatever imports the command
+# line (a chat UI started another way included) is offline until main() decides per command.
+ONLINE_COMMANDS = frozenset({"pull"})
+_OFFLINE_VARS = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+_SET_BY_USER = frozenset(var for var in _OFFLINE_VARS if var in os.environ)
+for _var in _OFFLINE_VARS:
+    os.environ.setdefault(_var, "1")
 
 
 def _version() -> str:
@@ -253,8 +257,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def set_network_mode(command: str) -> None:
+    """Offline by construction: for every command but `pull`, tell the hub client and
+    transformers they are offline (`pull` gets back the environment the user gave). Both read these variables once, when first imported, so this
+    runs before anything imports them (nothing at this module's import time does). No telemetry
+    either: `pull` talks to the hub about the files it fetches, nothing else (the client would
+    otherwise fetch an agent registry and describe this machine in its User-Agent)."""
+    os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
+    for var in _OFFLINE_VARS:
+        if command not in ONLINE_COMMANDS:
+            os.environ[var] = "1"
+        elif var not in _SET_BY_USER:      # a user's own HF_HUB_OFFLINE=1 stays, and is named
+            os.environ.pop(var, None)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    set_network_mode(args.command)
     try:
         return args.run(args)
     except LocalspecError as err:

@@ -1,16 +1,36 @@
-"""`localspec import / list / rm`: the installed-models store (models/library.py) from the shell."""
+"""`localspec pull / import / list / rm`: the installed-models store (models/library.py) from the
+shell. `pull` is the only command of localspec that opens a network connection (cli.main keeps
+the hub client offline for every other one)."""
 from __future__ import annotations
 
 import argparse
+import sys
 
 from localspec.models import library
 
 
 def add_models_commands(sub: argparse._SubParsersAction) -> None:
+    from localspec.models.registry import DEFAULT_MODEL, known_names
+
+    p = sub.add_parser("pull", help="download a verified target + draft pair from the Hugging Face hub")
+    p.add_argument("model", nargs="?", default=DEFAULT_MODEL,
+                   help=f"a known name ({', '.join(known_names())}; default {DEFAULT_MODEL}) "
+                        "or OWNER/REPO[:FILE.gguf]")
+    p.add_argument("--name", help="install under this name (default: the known name, or the file's)")
+    drafts = p.add_mutually_exclusive_group()
+    drafts.add_argument("--draft", help="draft to fetch with it: OWNER/REPO[:FILE.gguf], or a "
+                                        "transformers repo OWNER/REPO (a PyTorch draft); a known "
+                                        "name brings its own")
+    drafts.add_argument("--no-draft", action="store_true", help="fetch the target only")
+    drafts.add_argument("--torch-draft", action="store_true",
+                        help="a known pair's PyTorch draft (transformers, for a CUDA GPU) instead "
+                             "of its GGUF draft")
+    p.set_defaults(run=cmd_pull)
     p = sub.add_parser("import", help="register GGUF files already on disk under a name")
     p.add_argument("name", help="the name to use with --model (letters, digits, '.', '_', '-')")
     p.add_argument("target", help="the target model: a .gguf file")
-    p.add_argument("--draft", help="a draft .gguf with the target's vocabulary")
+    p.add_argument("--draft", help="a draft with the target's vocabulary: a .gguf, or a "
+                                   "transformers folder (PyTorch draft)")
     p.add_argument("--copy", action="store_true",
                    help="copy the files into localspec's store (default: use them where they are)")
     p.set_defaults(run=cmd_import)
@@ -19,6 +39,29 @@ def add_models_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("rm", help="forget an installed model (files you imported in place stay)")
     p.add_argument("name")
     p.set_defaults(run=cmd_rm)
+
+
+def cmd_pull(args: argparse.Namespace) -> int:
+    from localspec.models import pull
+
+    plan = pull.plan(args.model, name=args.name, draft=args.draft, with_draft=not args.no_draft,
+                     torch_draft=args.torch_draft)
+    done = pull.already_installed(plan)
+    if done is not None:
+        print(f"{done.name} is already installed ({done.target.path.parent}); nothing to do. "
+              f"Use it with: localspec chat --model {done.name}")
+        return 0
+    try:
+        model = pull.pull(plan)
+    except KeyboardInterrupt:
+        print("\npull stopped; what arrived is kept: run the same command again to resume",
+              file=sys.stderr)
+        raise
+    draft = f" with draft {model.draft.path.name}" if model.draft else ""
+    print(f"Pulled {model.name}: {model.target.path.name}{draft} ({_size(model.size)}, "
+          f"{model.quantization}, every file verified against the hub's hashes) into {model.target.path.parent}. "
+          f"Use it with: localspec chat --model {model.name}")
+    return 0
 
 
 def cmd_import(args: argparse.Namespace) -> int:
@@ -31,18 +74,34 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
+    from localspec.models import fit
+
     rows = library.list_models()
+    waiting = library.unfinished_downloads()
+    if waiting:
+        print(f"{len(waiting)} unfinished download(s), {_size(sum(p.stat().st_size for p in waiting))}"
+              f" in {library.downloads_dir()}: the same `localspec pull` resumes them "
+              "(or delete them)")
     if not rows:
         print(f"No models installed ({library.store_dir()}). Add one with: "
-              "localspec import NAME FILE.gguf")
+              "localspec pull NAME, or localspec import NAME FILE.gguf")
         return 0
-    print(f"{'NAME':<24} {'SIZE':>9} {'QUANT':<8} {'FIT':<8} {'WHERE':<9} {'DRAFT':<36} TARGET")
+    free = fit.free_memory()
+    vram = _size(free.vram) if free.vram is not None else "none seen (no nvidia-smi)"
+    ram = _size(free.ram) if free.ram is not None else "unknown"
+    print(f"free: VRAM {vram}, RAM {ram}. NEED = files + {fit.CONTEXT}-token f16 KV cache "
+          f"+ {_size(fit.SCRATCH)} runtime")
+    print(f"{'NAME':<24} {'SIZE':>9} {'NEED':>9}  {'QUANT':<8} {'FIT':<13} WHERE")
     for row in rows:
         m = row.model
-        draft = m.draft.path.name if m.draft else "-"
-        fit = "missing" if row.missing else row.fit
-        print(f"{m.name:<24} {_size(m.size):>9} {m.quantization:<8} {fit:<8} {m.location:<9} "
-              f"{draft:<36} {m.target.path}")
+        fit_text = "missing file" if row.missing else row.fit
+        need = _size(row.need) if row.need is not None else "?"
+        print(f"{m.name:<24} {_size(m.size):>9} {need:>9}  {m.quantization:<8} {fit_text:<13} "
+              f"{m.location}")
+        parts = f" (+{len(m.target.parts)} parts)" if m.target.parts else ""
+        print(f"    target {m.target.path}{parts}")
+        kind = " (PyTorch)" if m.draft and m.draft.kind == "torch" else ""
+        print(f"    draft  {m.draft.path if m.draft else '-'}{kind}")
     return 0
 
 

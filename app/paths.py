@@ -29,10 +29,10 @@ def resolve_models(model: str, draft: str | None) -> tuple[Path, Path | None]:
     if entry is None:
         raise library.not_installed(model)
     files = [entry.target] + ([entry.draft] if entry.draft and not draft else [])
-    for f in files:
-        if not f.path.is_file():
+    for path in (p for f in files for p in f.files):
+        if not path.is_file():
             raise LocalspecError(f"Model '{model}' is missing a file",
-                                 f"'{f.path}' no longer exists",
+                                 f"'{path}' no longer exists",
                                  f"Run: localspec rm {model}, then import or pull it again")
     if draft:
         return entry.target.path, model_path(draft, "Draft model")

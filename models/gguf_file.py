@@ -4,9 +4,13 @@ llama.cpp answers a truncated or foreign file with a NULL model at best and a GG
 the process at worst, so localspec reads the header itself: the magic, the metadata, and the tensor
 table, from which the end of the tensor data follows. A file shorter than that is truncated.
 Reading needs no tensor data, so it costs a fraction of a second even for a multi-GB model.
+The vocabulary sits near the start of the header, so `header_vocabulary` can fingerprint it from
+the first megabytes alone: `localspec pull` compares a target's and a draft's vocabularies from a
+Range request before downloading gigabytes.
 """
 from __future__ import annotations
 
+import hashlib
 import mmap
 import struct
 from dataclasses import dataclass
@@ -21,6 +25,8 @@ _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<
 _STRING, _ARRAY = 8, 9
 # Metadata worth keeping (string arrays such as the vocabulary are kept as a count only).
 _KEEP_ARRAY_LEN = ("tokenizer.ggml.tokens",)
+# What a vocabulary fingerprint covers: the tokenizer model and the token texts, as raw bytes.
+_VOCAB_KEYS = ("tokenizer.ggml.model", "tokenizer.ggml.tokens")
 
 
 @dataclass(frozen=True)
@@ -82,13 +88,87 @@ class _Corrupt(Exception):
     pass
 
 
+@dataclass(frozen=True)
+class Vocabulary:
+    size: int             # entries of tokenizer.ggml.tokens
+    fingerprint: str      # hash of the tokenizer model and token texts (ngram_store.vocab_key)
+
+    def describe(self) -> str:
+        return f"{self.size} tokens, fingerprint {self.fingerprint[:12]}"
+
+
+def header_vocabulary(buf, name: str) -> Vocabulary | None:
+    """The vocabulary of a GGUF from its first bytes (the whole file or a Range request's worth);
+    None when `buf` ends before the token list does. Raises LocalspecError for a non-GGUF."""
+    if len(buf) >= 4 and bytes(buf[:4]) != b"GGUF":
+        raise LocalspecError("Not a GGUF model file",
+                             f"'{name}' starts with {bytes(buf[:4])!r}, not the GGUF magic b'GGUF'",
+                             "Pick a .gguf file (localspec runs GGUF models)")
+    r = _Reader(buf, Path(name))
+    found: dict[str, bytes] = {}
+    size = 0
+    try:
+        r.pos = 4 + 4 + 8                      # magic, version, tensor count
+        for _ in range(r.take("<Q")):
+            key = r.string()
+            vtype = r.take("<I")
+            start = r.pos
+            value = r.value(vtype)
+            if key in _VOCAB_KEYS:
+                found[key] = bytes(buf[start:r.pos])
+                if key == "tokenizer.ggml.tokens":
+                    size = int(value)
+                if len(found) == len(_VOCAB_KEYS):
+                    break
+    except _Truncated:
+        return None
+    except _Corrupt as err:
+        raise LocalspecError("Model file is corrupt", f"'{name}': {err}", _fix_for(Path(name))) from None
+    digest = hashlib.sha256(b"localspec-vocab-v1\0")
+    for key in _VOCAB_KEYS:
+        digest.update(key.encode() + b"\0" + found.get(key, b"") + b"\0")
+    return Vocabulary(size, digest.hexdigest()[:32])
+
+
+def file_vocabulary(path: str | Path) -> Vocabulary:
+    """The vocabulary of a complete, validated GGUF file (read_gguf first)."""
+    path = Path(path).expanduser()
+    read_gguf(path)
+    with path.open("rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        vocab = header_vocabulary(buf, str(path))
+    assert vocab is not None, "read_gguf accepted a file whose header is cut"
+    return vocab
+
+
+def token_texts(path: str | Path) -> list[str]:
+    """The token strings of a validated GGUF, by id (tokenizer.ggml.tokens)."""
+    path = Path(path).expanduser()
+    read_gguf(path)
+    with path.open("rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        r = _Reader(buf, path)
+        r.pos = 4 + 4 + 8
+        for _ in range(r.take("<Q")):
+            key = r.string()
+            vtype = r.take("<I")
+            if key == "tokenizer.ggml.tokens" and vtype == _ARRAY:
+                itype, n = r.take("<I"), r.take("<Q")
+                if itype == _STRING:
+                    return [r.string() for _ in range(n)]
+                raise LocalspecError("Model file is corrupt", f"'{path}': tokens are not strings",
+                                     _fix_for(path))
+            r.value(vtype)
+    return []
+
+
 def _fix_for(path: Path) -> str:
     return (f"Re-download the model (localspec pull NAME) or point --model at a complete .gguf "
             f"file; '{path}' cannot be used")
 
 
-def read_gguf(path: str | Path) -> GGUFInfo:
-    """Validate `path` as a complete GGUF file; raise LocalspecError naming the problem."""
+def read_gguf(path: str | Path, require_vocab: bool = True) -> GGUFInfo:
+    """Validate `path` as a complete GGUF file; raise LocalspecError naming the problem.
+    `require_vocab=False` for the later parts of a split model (only the first carries the
+    tokenizer)."""
     path = Path(path).expanduser()
     if not path.exists():
         raise LocalspecError("Model file not found", f"'{path}' does not exist",
@@ -106,7 +186,7 @@ def read_gguf(path: str | Path) -> GGUFInfo:
                                  "convert_hf_to_gguf.py or download a .gguf file")
         with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
             try:
-                return _parse(_Reader(buf, path), size)
+                return _parse(_Reader(buf, path), size, require_vocab)
             except _Truncated:
                 raise LocalspecError("Model file is truncated",
                                      f"'{path}' ends inside its header ({size} bytes)",
@@ -116,7 +196,7 @@ def read_gguf(path: str | Path) -> GGUFInfo:
                                      _fix_for(path)) from None
 
 
-def _parse(r: _Reader, size: int) -> GGUFInfo:
+def _parse(r: _Reader, size: int, require_vocab: bool = True) -> GGUFInfo:
     r.pos = 4
     version = r.take("<I")
     if version not in (2, 3):
@@ -158,6 +238,6 @@ def _parse(r: _Reader, size: int) -> GGUFInfo:
                              f"'{r.path}' has {size:,} bytes but its tensors need {data_end:,} "
                              f"({data_end - size:,} missing; an interrupted download?)",
                              _fix_for(r.path))
-    if vocab == 0:
+    if vocab == 0 and require_vocab:
         raise _Corrupt("no tokenizer vocabulary (tokenizer.ggml.tokens) in its metadata")
     return info

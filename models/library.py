@@ -9,8 +9,15 @@ Why it is shaped so:
   localspec) or *owned* (copied or downloaded into `<store>/<name>/`). An owned file is written as
   `<file>.partial` and renamed only when complete, and registered only after that, so partial
   files never count as installed.
+* Downloads (models/pull.py) are staged in `<store>/.downloads/`, verified there, and handed to
+  `install_downloaded`, which moves them in with os.replace (same filesystem) and registers them
+  in one manifest write; a failure moves them back, so a pair is installed whole or not at all.
 * Every file is validated with read_gguf before it is registered, and a draft must share the
   target's vocabulary (size and token-list fingerprint), so a registered pair always loads.
+* A split GGUF (`-00001-of-0000N.gguf`) is one ModelFile: the first part is its path (what
+  llama.cpp opens), the others are its `parts`. A PyTorch draft is one ModelFile of kind "torch":
+  its path is the transformers folder (what `--draft` takes), its parts the files in it. Its
+  vocabulary is checked against the target GGUF's token by token (torch_draft.py).
 * Names are safe slugs; every path the store builds is checked to stay inside the store.
 """
 from __future__ import annotations
@@ -28,34 +35,45 @@ from pathlib import Path
 from typing import Iterator
 
 from localspec.engine.errors import LocalspecError
-from localspec.models.gguf_file import GGUFInfo, read_gguf
-from localspec.models.ngram_store import data_dir, vocab_key
+from localspec.models import torch_draft
+from localspec.models.gguf_file import GGUFInfo, Vocabulary, file_vocabulary, read_gguf
+from localspec.models.ngram_store import data_dir
 
 MANIFEST = "manifest.json"
 MANIFEST_VERSION = 1
 PARTIAL_SUFFIX = ".partial"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,199}")
-# Fit estimate: model bytes as a share of MemAvailable (KV cache and runtime need the rest).
-FITS_SHARE, TIGHT_SHARE = 0.7, 1.0
+DOWNLOADS = ".downloads"
+SPLIT = re.compile(r"^(?P<stem>.+)-(?P<index>\d{5})-of-(?P<count>\d{5})\.gguf$")
 
 
 @dataclass(frozen=True)
 class ModelFile:
-    path: Path
-    size: int
+    path: Path                 # the GGUF (the first part of a split one)
+    size: int                  # bytes, all parts together
     owned: bool                # copied/downloaded into the store, deleted by `rm`
     quantization: str
     vocab_size: int
+    parts: tuple[Path, ...] = ()    # the later parts of a split GGUF; a torch folder's files
+    source: str = ""                # where it came from: "hf:REPO/FILE@COMMIT", "" if imported
+    kind: str = "gguf"              # "gguf" (llama.cpp) or "torch" (a transformers folder)
+
+    @property
+    def files(self) -> tuple[Path, ...]:
+        """Every file on disk: the GGUF and its parts, or the torch folder's files."""
+        return self.parts if self.kind == "torch" else (self.path, *self.parts)
 
     def to_json(self) -> dict:
         return {"path": str(self.path), "size": self.size, "owned": self.owned,
-                "quantization": self.quantization, "vocab_size": self.vocab_size}
+                "quantization": self.quantization, "vocab_size": self.vocab_size,
+                "parts": [str(p) for p in self.parts], "source": self.source, "kind": self.kind}
 
     @classmethod
     def from_json(cls, d: dict) -> ModelFile:
         return cls(Path(d["path"]), int(d["size"]), bool(d["owned"]), str(d["quantization"]),
-                   int(d["vocab_size"]))
+                   int(d["vocab_size"]), tuple(Path(p) for p in d.get("parts", ())),
+                   str(d.get("source", "")), str(d.get("kind", "gguf")))
 
 
 @dataclass(frozen=True)
@@ -89,10 +107,20 @@ class InstalledModel:
 
 
 @dataclass(frozen=True)
+class StagedFile:
+    """A downloaded file, verified, waiting in `<store>/.downloads/` to be moved in."""
+    staged: tuple[Path, ...]        # every part, in order (a torch draft: every file)
+    names: tuple[str, ...]          # their file names in the store
+    source: str
+    folder: str | None = None       # a torch draft's folder name inside `<store>/<name>/`
+
+
+@dataclass(frozen=True)
 class ModelListing:
     """One row of `localspec list`."""
     model: InstalledModel
-    fit: str          # "fits" / "tight" / "too big" / "unknown"
+    fit: str          # "fits in VRAM" / "fits in RAM" / "too big" / "unknown" (models/fit.py)
+    need: int | None  # estimated bytes to run it: weights + KV cache
     missing: tuple[Path, ...]   # registered files no longer on disk
 
     @property
@@ -105,6 +133,11 @@ def store_dir(root: Path | None = None) -> Path:
     return (root or data_dir()) / "models"
 
 
+def downloads_dir(root: Path | None = None) -> Path:
+    """Staging for downloads: inside the store (same filesystem, so moving in is a rename)."""
+    return store_dir(root) / DOWNLOADS
+
+
 def check_name(name: str) -> str:
     """`name` if it is a safe model name (a slug); LocalspecError otherwise."""
     if not _NAME.fullmatch(name) or ".." in name:
@@ -114,15 +147,18 @@ def check_name(name: str) -> str:
     return name
 
 
-def owned_path(name: str, file_name: str, root: Path | None = None) -> Path:
-    """Where the store keeps its own copy of `file_name` for model `name`, checked to stay inside."""
+def owned_path(name: str, file_name: str, root: Path | None = None,
+               folder: str | None = None) -> Path:
+    """Where the store keeps its own copy of `file_name` for model `name` (in `folder`, for a
+    torch draft), checked to stay inside."""
     check_name(name)
-    if not _FILE_NAME.fullmatch(file_name) or ".." in file_name:
-        raise LocalspecError("Bad model file name", f"'{file_name}' would leave the model store "
-                             "or is not a plain file name", "Rename the file to a plain name "
-                             "such as model-q4_k_m.gguf")
+    for plain in [file_name] + ([folder] if folder is not None else []):
+        if not _FILE_NAME.fullmatch(plain) or ".." in plain:
+            raise LocalspecError("Bad model file name", f"'{plain}' would leave the model store "
+                                 "or is not a plain file name", "Rename the file to a plain name "
+                                 "such as model-q4_k_m.gguf")
     base = store_dir(root).resolve()
-    path = (base / name / file_name).resolve()
+    path = (base / name / (folder or "") / file_name).resolve()
     if base not in path.parents:
         raise LocalspecError("Bad model file name", f"'{name}/{file_name}' resolves outside "
                              f"the model store {base}", "Use plain names without links or '..'")
@@ -204,49 +240,153 @@ def quantization_of(info: GGUFInfo) -> str:
 
 def check_draft_vocabulary(target: Path, draft: Path) -> None:
     """Refuse a draft whose vocabulary differs from the target's (size, then token fingerprint)."""
-    t_info, d_info = read_gguf(target), read_gguf(draft)
+    t_vocab, d_vocab = file_vocabulary(target), file_vocabulary(draft)
+    check_vocabularies(target.name, t_vocab, draft.name, d_vocab)
+
+
+def check_vocabularies(target: str, t_vocab: Vocabulary, draft: str, d_vocab: Vocabulary) -> None:
+    """LocalspecError naming both vocabularies unless they are the same (gguf_file.Vocabulary)."""
     fix = ("Use a draft from the target's model family (same tokenizer), or import the target "
            "without --draft")
-    if t_info.vocab_size != d_info.vocab_size:
+    if t_vocab.size != d_vocab.size:
         raise LocalspecError("Draft vocabulary does not match the target",
-                             f"draft '{draft.name}' has {d_info.vocab_size} tokens, target "
-                             f"'{target.name}' has {t_info.vocab_size} tokens", fix)
-    t_key, d_key = vocab_key(target), vocab_key(draft)
-    if t_key != d_key:
+                             f"draft '{draft}' has {d_vocab.size} tokens, target "
+                             f"'{target}' has {t_vocab.size} tokens", fix)
+    if t_vocab.fingerprint != d_vocab.fingerprint:
         raise LocalspecError("Draft vocabulary does not match the target",
-                             f"draft '{draft.name}' and target '{target.name}' both have "
-                             f"{t_info.vocab_size} tokens but different token lists "
-                             f"(fingerprints {d_key[:12]} vs {t_key[:12]})", fix)
+                             f"draft '{draft}' and target '{target}' both have "
+                             f"{t_vocab.size} tokens but different token lists "
+                             f"(fingerprints {d_vocab.fingerprint[:12]} vs "
+                             f"{t_vocab.fingerprint[:12]})", fix)
+
+
+def split_names(file_name: str) -> list[str]:
+    """Every part's name of a split GGUF named by its first part; [file_name] if not split."""
+    found = SPLIT.match(file_name)
+    if not found:
+        return [file_name]
+    if int(found["index"]) != 1:
+        raise LocalspecError("Not the first part of a split model", f"'{file_name}' is part "
+                             f"{int(found['index'])} of {int(found['count'])}",
+                             f"Pass the first part, {found['stem']}-00001-of-{found['count']}.gguf")
+    count = int(found["count"])
+    return [f"{found['stem']}-{i:05d}-of-{count:05d}.gguf" for i in range(1, count + 1)]
+
+
+def _parts_on_disk(first: Path) -> list[Path]:
+    parts = [first.with_name(n) for n in split_names(first.name)]
+    missing = [p.name for p in parts[1:] if not p.is_file()]
+    if missing and first.is_file():
+        raise LocalspecError("A part of the split model is missing", f"{', '.join(missing)} "
+                             f"not found next to '{first}'",
+                             f"Put all {len(parts)} parts in one folder, then import the first")
+    return parts
 
 
 def import_model(name: str, target_path: str | Path, draft_path: str | Path | None = None,
                  copy: bool = False, root: Path | None = None) -> InstalledModel:
-    """Register GGUF files already on disk under `name`: in place (default) or copied into the store."""
+    """Register files already on disk under `name`: in place (default) or copied into the store.
+    The target is a GGUF (a split one named by its first part; the others are found next to it);
+    the draft a GGUF or a transformers folder (a PyTorch draft)."""
     check_name(name)
-    sources = [Path(target_path).expanduser().resolve()]
+    target = _parts_on_disk(Path(target_path).expanduser().resolve())
+    # validation: missing/non-GGUF/truncated refused; only a first part carries the tokenizer
+    t_infos = [read_gguf(p, require_vocab=(i == 0)) for i, p in enumerate(target)]
+    draft: list[Path] = []
+    folder: Path | None = None
     if draft_path is not None:
-        sources.append(Path(draft_path).expanduser().resolve())
-    infos = [read_gguf(p) for p in sources]       # validation: missing/non-GGUF/truncated refused
-    if len(sources) == 2:
-        check_draft_vocabulary(sources[0], sources[1])
+        found = Path(draft_path).expanduser().resolve()
+        if found.is_dir():
+            folder = found
+            draft = [found / n for n in torch_draft.wanted_files(
+                p.name for p in found.iterdir() if p.is_file())]
+            d_torch = torch_draft.check_against(target[0], {p.name: p for p in draft},
+                                                target[0].name, found.name)
+        else:
+            draft = _parts_on_disk(found)
+            d_infos = [read_gguf(p, require_vocab=(i == 0)) for i, p in enumerate(draft)]
+            check_draft_vocabulary(target[0], draft[0])
+    sources = target + draft
     if copy:
-        dests = [owned_path(name, p.name, root) for p in sources]
-        if len(dests) == 2 and dests[0] == dests[1]:
+        dests = [owned_path(name, p.name, root, folder.name if folder and i >= len(target) else None)
+                 for i, p in enumerate(sources)]
+        if len(set(dests)) != len(dests):
             raise LocalspecError("Target and draft have the same file name", f"'{sources[0].name}'",
                                  "Rename one of them before importing with --copy")
     with _locked(root):
         models = _read_manifest(root)
-        if name in models:
-            raise LocalspecError(f"Model '{name}' is already installed",
-                                 f"'{name}' points at {models[name].target.path}",
-                                 f"Remove it first (localspec rm {name}) or pick another name")
-        files = _copy_all(sources, dests) if copy else sources
-        records = [ModelFile(path, info.file_size, copy, quantization_of(info), info.vocab_size)
-                   for path, info in zip(files, infos)]
-        model = InstalledModel(name, records[0], records[1] if len(records) == 2 else None,
-                               time.time())
+        _check_free(name, models)
+        placed = _copy_all(sources, dests) if copy else sources
+        t_at, d_at = placed[:len(target)], placed[len(target):]
+        records = [ModelFile(t_at[0], sum(i.file_size for i in t_infos), copy,
+                             quantization_of(t_infos[0]), t_infos[0].vocab_size, tuple(t_at[1:]))]
+        if folder is not None:
+            records.append(ModelFile(d_at[0].parent, d_torch.size, copy, d_torch.dtype,
+                                     d_torch.vocab_size, tuple(d_at), "", "torch"))
+        elif draft:
+            records.append(ModelFile(d_at[0], sum(i.file_size for i in d_infos), copy,
+                                     quantization_of(d_infos[0]), d_infos[0].vocab_size,
+                                     tuple(d_at[1:])))
+        model = InstalledModel(name, records[0], records[1] if draft else None, time.time())
         models[name] = model
         _write_manifest(models, root)
+    return model
+
+
+def _check_free(name: str, models: dict[str, InstalledModel]) -> None:
+    if name in models:
+        raise LocalspecError(f"Model '{name}' is already installed",
+                             f"'{name}' points at {models[name].target.path}",
+                             f"Remove it first (localspec rm {name}) or pick another name")
+
+
+def install_downloaded(name: str, target: StagedFile, draft: StagedFile | None,
+                       root: Path | None = None) -> InstalledModel:
+    """Move verified downloads into `<store>/<name>/` and register them: all or nothing."""
+    check_name(name)
+    t_infos = [read_gguf(p, require_vocab=(i == 0)) for i, p in enumerate(target.staged)]
+    if draft is not None and draft.folder is not None:
+        d_info = torch_draft.check_against(target.staged[0], dict(zip(draft.names, draft.staged)),
+                                           target.names[0], draft.folder)
+    elif draft is not None:
+        d_infos = [read_gguf(p, require_vocab=(i == 0)) for i, p in enumerate(draft.staged)]
+        check_vocabularies(target.names[0], file_vocabulary(target.staged[0]),
+                           draft.names[0], file_vocabulary(draft.staged[0]))
+    staged = [target] + ([draft] if draft else [])
+    dests = [[owned_path(name, n, root, s.folder) for n in s.names] for s in staged]
+    flat = [d for group in dests for d in group]
+    if len(set(flat)) != len(flat):
+        raise LocalspecError("Target and draft have the same file name", f"{[d.name for d in flat]}",
+                             "Pull the draft from a repo whose file is named differently")
+    with _locked(root):
+        models = _read_manifest(root)
+        _check_free(name, models)
+        moved: list[tuple[Path, Path]] = []
+        try:
+            for s_file, group in zip(staged, dests):
+                for src, dest in zip(s_file.staged, group):
+                    dest.parent.mkdir(parents=True, exist_ok=True)
+                    os.replace(src, dest)
+                    moved.append((src, dest))
+            for folder in {d.parent for d in flat}:
+                _fsync_dir(folder)
+            records = [ModelFile(dests[0][0], sum(i.file_size for i in t_infos), True,
+                                 quantization_of(t_infos[0]), t_infos[0].vocab_size,
+                                 tuple(dests[0][1:]), target.source)]
+            if draft is not None and draft.folder is not None:
+                records.append(ModelFile(dests[1][0].parent, d_info.size, True, d_info.dtype,
+                                         d_info.vocab_size, tuple(dests[1]), draft.source, "torch"))
+            elif draft is not None:
+                records.append(ModelFile(dests[1][0], sum(i.file_size for i in d_infos), True,
+                                         quantization_of(d_infos[0]), d_infos[0].vocab_size,
+                                         tuple(dests[1][1:]), draft.source))
+            model = InstalledModel(name, records[0], records[1] if draft else None, time.time())
+            models[name] = model
+            _write_manifest(models, root)
+        except BaseException:
+            for src, dest in reversed(moved):      # back to staging: a later pull reuses them
+                os.replace(dest, src)
+            raise
     return model
 
 
@@ -259,8 +399,9 @@ def _copy_all(sources: list[Path], dests: list[Path]) -> list[Path]:
     except BaseException:
         for path in done:
             path.unlink(missing_ok=True)
-        if dests[0].parent.is_dir() and not any(dests[0].parent.iterdir()):
-            dests[0].parent.rmdir()
+        for folder in sorted({d.parent for d in dests}, key=lambda f: len(f.parts), reverse=True):
+            if folder.is_dir() and not any(folder.iterdir()):
+                folder.rmdir()
         raise
     return done
 
@@ -282,6 +423,12 @@ def _copy_in(src: Path, dest: Path) -> Path:
     return dest
 
 
+def unfinished_downloads(root: Path | None = None) -> list[Path]:
+    """Partial downloads waiting in the staging folder (a later pull of the same file resumes)."""
+    folder = downloads_dir(root)
+    return sorted(folder.glob(f"*{PARTIAL_SUFFIX}")) if folder.is_dir() else []
+
+
 def installed(root: Path | None = None) -> dict[str, InstalledModel]:
     return _read_manifest(root)
 
@@ -290,32 +437,16 @@ def get_model(name: str, root: Path | None = None) -> InstalledModel | None:
     return _read_manifest(root).get(name)
 
 
-def mem_available() -> int | None:
-    """MemAvailable from /proc/meminfo in bytes; None where there is no /proc (not Linux)."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
-
-
-def fit_estimate(size: int, available: int | None) -> str:
-    if not available:
-        return "unknown"
-    if size <= FITS_SHARE * available:
-        return "fits"
-    return "tight" if size <= TIGHT_SHARE * available else "too big"
-
-
 def list_models(root: Path | None = None) -> list[ModelListing]:
-    available = mem_available()
+    from localspec.models import fit
+
+    free = fit.free_memory()
     rows = []
     for name, model in sorted(_read_manifest(root).items()):
         files = [model.target] + ([model.draft] if model.draft else [])
-        missing = tuple(f.path for f in files if not f.path.is_file())
-        rows.append(ModelListing(model, fit_estimate(model.size, available), missing))
+        missing = tuple(p for f in files for p in f.files if not p.is_file())
+        need = None if missing else fit.need_bytes(files)
+        rows.append(ModelListing(model, fit.verdict(need, free), need, missing))
     return rows
 
 
@@ -330,8 +461,12 @@ def remove_model(name: str, root: Path | None = None) -> InstalledModel:
         _write_manifest(models, root)   # first: a crash below leaves orphans, never dangling entries
     base = store_dir(root).resolve()
     for f in [model.target] + ([model.draft] if model.draft else []):
-        if f.owned and base in f.path.resolve().parents:
-            f.path.unlink(missing_ok=True)
+        for path in f.files:
+            if f.owned and base in path.resolve().parents:
+                path.unlink(missing_ok=True)
+        if (f.kind == "torch" and f.owned and base in f.path.resolve().parents
+                and f.path.is_dir() and not any(f.path.iterdir())):
+            f.path.rmdir()
     folder = base / name
     if folder.is_dir():
         for stale in folder.glob(f"*{PARTIAL_SUFFIX}"):

@@ -25,7 +25,6 @@ Why it is shaped so:
 from __future__ import annotations
 
 import hashlib
-import mmap
 import os
 import sqlite3
 import struct
@@ -370,50 +369,6 @@ def vocab_key(model) -> str:
     """A fingerprint of a GGUF model's vocabulary (tokenizer model + token texts), cheap to take:
     the tokens array is hashed straight from the file's header, no tensor is read.
     `model` is a .gguf path or anything with a `.path` to one (a LlamaModel)."""
-    from localspec.models.gguf_file import read_gguf
+    from localspec.models.gguf_file import file_vocabulary
 
-    path = Path(getattr(model, "path", model)).expanduser()
-    read_gguf(path)   # validates the file, raising LocalspecError with the fix
-    with path.open("rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-        found = _vocab_fields(buf)
-    digest = hashlib.sha256(b"localspec-vocab-v1\0")
-    for key in ("tokenizer.ggml.model", "tokenizer.ggml.tokens"):
-        digest.update(key.encode() + b"\0" + found.get(key, b"") + b"\0")
-    return digest.hexdigest()[:32]
-
-
-_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
-
-
-def _vocab_fields(buf: mmap.mmap) -> dict[str, bytes]:
-    """Raw value bytes of the tokenizer model and tokens metadata of a (validated) GGUF."""
-    pos = 4 + 4 + 8
-    (n_kv,) = struct.unpack_from("<Q", buf, pos)
-    pos += 8
-    found: dict[str, bytes] = {}
-
-    def skip(vtype: int, at: int) -> int:
-        if vtype in _SIZES:
-            return at + _SIZES[vtype]
-        if vtype == 8:    # string
-            return at + 8 + struct.unpack_from("<Q", buf, at)[0]
-        itype, n = struct.unpack_from("<IQ", buf, at)   # array
-        at += 12
-        if itype in _SIZES:
-            return at + _SIZES[itype] * n
-        for _ in range(n):
-            at = skip(itype, at)
-        return at
-
-    for _ in range(n_kv):
-        klen = struct.unpack_from("<Q", buf, pos)[0]
-        key = buf[pos + 8:pos + 8 + klen].decode("utf-8", errors="replace")
-        pos += 8 + klen
-        (vtype,) = struct.unpack_from("<I", buf, pos)
-        end = skip(vtype, pos + 4)
-        if key in ("tokenizer.ggml.model", "tokenizer.ggml.tokens"):
-            found[key] = buf[pos + 4:end]
-            if len(found) == 2:
-                break
-        pos = end
-    return found
+    return file_vocabulary(Path(getattr(model, "path", model))).fingerprint

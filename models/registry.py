@@ -17,6 +17,7 @@ from localspec.engine.errors import LocalspecError
 class HubFiles:
     repo: str                 # Hugging Face repo id
     files: tuple[str, ...]    # the GGUF file, or every part of a split GGUF in order
+    quantization: str = "Q4_K_M"
 
     @property
     def first(self) -> str:
@@ -48,8 +49,7 @@ REGISTRY: tuple[ModelPair, ...] = (
                        ("qwen2.5-coder-7b-instruct-q4_k_m-00001-of-00002.gguf",
                         "qwen2.5-coder-7b-instruct-q4_k_m-00002-of-00002.gguf")),
               _QWEN_CODER_05B_DRAFT, "Qwen/Qwen2.5-Coder-0.5B-Instruct"),
-    # UNCERTAIN: the part names below follow the coder-7b repo's pattern; not checked against
-    # the hub listing of Qwen/Qwen2.5-7B-Instruct-GGUF. The 0.5B draft file name is also unchecked.
+    # Also split in two; the plain 0.5B Instruct shares Qwen2.5's tokenizer.
     ModelPair("qwen2.5-7b", "Qwen2.5 7B Instruct, Q4_K_M",
               HubFiles("Qwen/Qwen2.5-7B-Instruct-GGUF",
                        ("qwen2.5-7b-instruct-q4_k_m-00001-of-00002.gguf",

@@ -44,7 +44,7 @@ def test_import_in_place_list_rm_round_trip(data, tiny):
     assert row.model.draft.path == Path(tiny.draft_gguf).resolve()
     assert row.model.size == os.path.getsize(tiny.target_gguf) + os.path.getsize(tiny.draft_gguf)
     assert row.model.quantization == "F32"            # general.file_type 0
-    assert row.fit in ("fits", "tight", "too big", "unknown")
+    assert row.fit in ("fits in VRAM", "fits in RAM", "too big", "unknown")
     assert store_files(data) == []                     # nothing copied
     assert resolve_models("tiny", None) == (row.model.target.path, row.model.draft.path)
     assert resolve_models("tiny", str(tiny.target_gguf))[1] == Path(tiny.target_gguf)  # --draft wins
@@ -181,12 +181,34 @@ def test_missing_referenced_file_is_shown(data, tiny, tmp_path):
         resolve_models("mine", None)
 
 
-def test_fit_estimate():
+def test_fit_estimate(data, tiny, tmp_path, monkeypatch):
+    from localspec.models import fit
+    from localspec.models.gguf_file import read_gguf
+
+    info = read_gguf(tiny.target_gguf)
+    m = info.metadata
+    layers, heads = m["qwen2.block_count"], m["qwen2.attention.head_count"]
+    kv_heads, width = m["qwen2.attention.head_count_kv"], m["qwen2.embedding_length"]
+    assert fit.kv_cache_bytes(info) == 4096 * layers * kv_heads * 2 * (width // heads) * 2
+    model = library.import_model("t", tiny.target_gguf).target
+    assert fit.need_bytes([model]) == model.size + fit.SCRATCH + fit.kv_cache_bytes(info)
+
     gib = 1 << 30
-    assert library.fit_estimate(1 * gib, 8 * gib) == "fits"
-    assert library.fit_estimate(7 * gib, 8 * gib) == "tight"
-    assert library.fit_estimate(9 * gib, 8 * gib) == "too big"
-    assert library.fit_estimate(1 * gib, None) == "unknown"
+    assert fit.verdict(1 * gib, fit.FreeMemory(vram=2 * gib, ram=8 * gib)) == "fits in VRAM"
+    assert fit.verdict(3 * gib, fit.FreeMemory(vram=2 * gib, ram=8 * gib)) == "fits in RAM"
+    assert fit.verdict(3 * gib, fit.FreeMemory(vram=None, ram=8 * gib)) == "fits in RAM"
+    assert fit.verdict(9 * gib, fit.FreeMemory(vram=2 * gib, ram=8 * gib)) == "too big"
+    assert fit.verdict(1 * gib, fit.FreeMemory(None, None)) == "unknown"
+    assert fit.verdict(None, fit.FreeMemory(2 * gib, 8 * gib)) == "unknown"
+
+    # Free VRAM comes from nvidia-smi when there is one (the GPU with the most free memory).
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 1024\necho 20480\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    assert fit.free_vram() == 20480 << 20
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+    assert fit.free_vram() is None
 
 
 def test_registry_exact_lookup_and_unknown_name_lists_known():

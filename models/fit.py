@@ -1,0 +1,117 @@
+"""Will a model run here? A memory estimate for `localspec list`, from files and GGUF metadata.
+
+Running a model needs its weights, a KV cache and some scratch: the weights are the file sizes; the
+KV cache follows from the GGUF's own hyperparameters (layers x KV heads x head size, keys and
+values, f16, for a 4096-token context); scratch is a fixed allowance. That is compared with free
+GPU memory (nvidia-smi, when there is one: no CUDA library is loaded for this) and with available
+RAM (/proc/meminfo MemAvailable). It is an estimate, worded as one; nothing here decides whether
+localspec will try to load a model.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from localspec.engine.errors import LocalspecError
+from localspec.models.gguf_file import GGUFInfo, read_gguf
+
+CONTEXT = 4096          # tokens: the estimate's context (the CLI's default --ctx)
+KV_BYTES = 2            # f16 keys and values, llama.cpp's default cache type
+SCRATCH = 512 << 20     # compute buffers, runtime
+
+
+@dataclass(frozen=True)
+class FreeMemory:
+    vram: int | None    # bytes free on the emptiest GPU; None without nvidia-smi
+    ram: int | None     # MemAvailable; None without /proc
+
+
+def kv_cache_bytes(info: GGUFInfo, n_ctx: int = CONTEXT) -> int | None:
+    """f16 K and V for `n_ctx` tokens over every layer; None if the metadata lacks a field."""
+    meta, arch = info.metadata, info.architecture
+    try:
+        n_layer = int(meta[f"{arch}.block_count"])
+        n_head = int(meta[f"{arch}.attention.head_count"])
+        n_embd = int(meta[f"{arch}.embedding_length"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    n_head_kv = int(meta.get(f"{arch}.attention.head_count_kv", n_head))
+    k_len = int(meta.get(f"{arch}.attention.key_length", n_embd // n_head))
+    v_len = int(meta.get(f"{arch}.attention.value_length", n_embd // n_head))
+    return n_ctx * n_layer * n_head_kv * (k_len + v_len) * KV_BYTES
+
+
+def torch_kv_cache_bytes(config: dict, n_ctx: int = CONTEXT) -> int | None:
+    """The same for a transformers config.json (a PyTorch draft)."""
+    try:
+        n_layer = int(config["num_hidden_layers"])
+        n_head = int(config["num_attention_heads"])
+        head_dim = int(config.get("head_dim") or int(config["hidden_size"]) // n_head)
+    except (KeyError, TypeError, ValueError):
+        return None
+    n_head_kv = int(config.get("num_key_value_heads") or n_head)
+    return n_ctx * n_layer * n_head_kv * 2 * head_dim * KV_BYTES
+
+
+def need_bytes(models: list) -> int | None:
+    """Weights + the KV cache of every model (library.ModelFile: target, draft) + scratch."""
+    total = SCRATCH
+    for model in models:
+        try:
+            if model.kind == "torch":
+                kv = torch_kv_cache_bytes(json.loads((model.path / "config.json").read_text()))
+            else:
+                kv = kv_cache_bytes(read_gguf(model.path, require_vocab=False))
+        except (LocalspecError, OSError, ValueError):
+            return None
+        if kv is None:
+            return None
+        total += model.size + kv
+    return total
+
+
+def free_memory() -> FreeMemory:
+    return FreeMemory(free_vram(), mem_available())
+
+
+def mem_available() -> int | None:
+    """MemAvailable from /proc/meminfo in bytes; else free pages from sysconf; None if neither."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def free_vram() -> int | None:
+    """Free memory of the GPU with the most of it, from nvidia-smi; None without one."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    try:
+        out = subprocess.run([exe, "--query-gpu=memory.free", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=10, check=True).stdout
+        return max(int(line) for line in out.split()) << 20    # MiB
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None      # a driver that answers oddly: no VRAM figure, not a failed `list`
+
+
+def verdict(need: int | None, free: FreeMemory) -> str:
+    if need is None:
+        return "unknown"
+    if free.vram is not None and need <= free.vram:
+        return "fits in VRAM"
+    if free.ram is not None and need <= free.ram:
+        return "fits in RAM"
+    if free.ram is None and free.vram is None:
+        return "unknown"
+    return "too big"
