@@ -1,0 +1,163 @@
+"""The engine process (app/engine_proc.py) on the tiny real models: what the UI relies on.
+
+Streams equal the in-process engine's output; a stop ends a reply at once and leaves the engine
+consistent; a killed engine is reported, not fatal, and restarts; a missing model is an Error;
+learn/forget reach the personal n-gram store.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from localspec.app.engine_proc import (Crashed, Done, EngineProcess, EngineSpec, Error, Ready,
+                                       Token, wait_for)
+from localspec.engine.session import EngineConfig, Session
+from localspec.models.ngram_store import NgramStore, store_paths
+
+CHAT = [{"role": "user", "content": "Write a function that returns the largest number in a list."}]
+RAW = "class Stack:\n"
+# Near-uniform sampling: long replies (an end token is ~1 in 250 draws), so a stop or a kill
+# lands mid-reply.
+WILD = dict(temperature=50.0, top_k=0, top_p=1.0, max_tokens=1500)
+
+
+@pytest.fixture()
+def engine(tiny):
+    proc = EngineProcess(EngineSpec(model=str(tiny.target_gguf), draft=str(tiny.draft_gguf), n_ctx=2048))
+    proc.start()
+    yield proc
+    proc.close()
+
+
+@pytest.fixture(scope="module")
+def expected(tiny):
+    """In-process greedy replies of the same target: (chat text, chat tokens, raw text)."""
+    session = Session(EngineConfig(model=tiny.target_gguf, speculation=False, n_ctx=2048))
+    try:
+        chat = session.run(session.chat_prompt(CHAT), max_tokens=64)
+        raw = session.run(session.raw_prompt(RAW), max_tokens=64)
+    finally:
+        session.close()
+    return chat.text, chat.tokens, raw.text
+
+
+def ready(engine: EngineProcess) -> Ready:
+    events = wait_for(engine, (Ready, Error), timeout=120)
+    assert isinstance(events[-1], Ready), events
+    return events[-1]
+
+
+def reply(engine: EngineProcess, request_id: str) -> tuple[list[Token], Done]:
+    events = wait_for(engine, (Done, Error), timeout=120)
+    assert isinstance(events[-1], Done), events
+    tokens = [e for e in events if isinstance(e, Token)]
+    assert all(t.request_id == request_id for t in tokens)
+    return tokens, events[-1]
+
+
+def test_streams_equal_the_in_process_engine(engine, tiny, expected):
+    info = ready(engine)
+    assert info.device == "CPU" and info.gpu_layers == 0
+    assert info.model == str(tiny.target_gguf) and info.draft == str(tiny.draft_gguf)
+    assert info.stages == ["maxgram", "personal-ngram", "gguf-draft"]
+
+    engine.generate("c1", CHAT, max_tokens=64)
+    tokens, done = reply(engine, "c1")
+    assert "".join(t.text for t in tokens) == done.text == expected[0]
+    assert [i for t in tokens for i in t.tokens] == expected[1]
+    assert all(len(t.sources) == len(t.tokens) for t in tokens)
+    assert {s for t in tokens for s in t.sources} <= {"target", *info.stages}
+    assert done.finish_reason == "stop" and done.stats["tokens"] == len(expected[1])
+    assert done.stats["stages"] and "budget" in done.stats
+
+    engine.generate_raw("r1", RAW, max_tokens=64)
+    tokens, done = reply(engine, "r1")
+    assert "".join(t.text for t in tokens) == done.text == expected[2]
+
+    engine.generate("bad", CHAT, temperature=-1.0)        # a bad request: an Error, engine lives on
+    (error,) = wait_for(engine, (Error,), timeout=60)
+    assert error.request_id == "bad" and error.title == "Bad sampling option" and engine.alive
+
+
+def test_stop_ends_a_reply_quickly_and_keeps_the_engine_consistent(engine, expected):
+    ready(engine)
+    for seed in range(5):   # a sampled reply may end by itself before the stop lands: try again
+        engine.generate_raw(f"long{seed}", RAW, seed=seed, **WILD)
+        first = wait_for(engine, (Token, Done), timeout=60)[-1]
+        asked = time.monotonic()
+        engine.stop(f"long{seed}")
+        events = wait_for(engine, (Done,), timeout=60)
+        done = events[-1]
+        if done.finish_reason == "stopped":
+            break
+    assert done.finish_reason == "stopped", "every sampled reply ended before its stop"
+    assert time.monotonic() - asked < 5.0
+    streamed = first.text + "".join(e.text for e in events if isinstance(e, Token))
+    assert done.text == streamed and done.stats["tokens"] >= 1
+
+    engine.generate_raw("after", RAW, max_tokens=64)
+    _, done = reply(engine, "after")
+    assert done.text == expected[2]
+
+
+def test_a_killed_engine_is_reported_and_restarts(engine, expected):
+    ready(engine)
+    engine.generate_raw("doomed", RAW, **WILD)
+    wait_for(engine, (Token, Done), timeout=60)
+    os.kill(engine.pid, signal.SIGKILL)
+    crash = wait_for(engine, (Crashed,), timeout=60)[-1]
+    assert isinstance(crash, Crashed) and crash.exitcode == -signal.SIGKILL
+    assert "SIGKILL" in crash.reason and not engine.alive
+
+    engine.generate("lost", CHAT)                 # while down: an Error, not a hang
+    assert wait_for(engine, (Error,), timeout=5)[-1].request_id == "lost"
+
+    engine.restart()
+    ready(engine)
+    engine.generate_raw("again", RAW, max_tokens=64)
+    _, done = reply(engine, "again")
+    assert done.text == expected[2]
+
+    os.kill(engine.pid, signal.SIGABRT)           # what a GGML_ASSERT does: stderr is quoted
+    crash = wait_for(engine, (Crashed,), timeout=60)[-1]
+    assert crash.exitcode == -signal.SIGABRT and "Fatal Python error: Aborted" in crash.detail
+
+
+def test_missing_model_is_an_error_not_a_crash(tmp_path):
+    engine = EngineProcess(EngineSpec(model=str(tmp_path / "nope.gguf")))
+    engine.start()
+    try:
+        error = wait_for(engine, (Error,), timeout=120)[-1]
+        assert isinstance(error, Error) and error.request_id is None
+        assert error.title == "Model not found" and ".gguf" in error.fix
+        deadline = time.monotonic() + 30
+        while engine.alive and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not engine.alive and engine.poll() is None   # exited cleanly: no Crashed
+    finally:
+        engine.close()
+
+
+def _conversation_rows(name: str) -> int:
+    total = 0
+    for path in store_paths():
+        with NgramStore.open_existing(path) as store:
+            total += sum(s.n_ngrams for s in store.info().sources
+                         if (s.kind, s.name) == ("conversation", name))
+    return total
+
+
+def test_learn_then_forget_changes_the_store(engine):
+    ready(engine)
+    name = f"conv-{os.getpid()}-{time.time_ns()}"
+    engine.learn(name, CHAT + [{"role": "assistant", "content": "def largest(xs): return max(xs)"}])
+    engine.generate_raw("barrier1", RAW, max_tokens=4)    # requests run in order
+    reply(engine, "barrier1")
+    assert _conversation_rows(name) > 0
+    engine.forget(name)
+    engine.generate_raw("barrier2", RAW, max_tokens=4)
+    reply(engine, "barrier2")
+    assert _conversation_rows(name) == 0
