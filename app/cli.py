@@ -14,6 +14,7 @@ from pathlib import Path
 
 from localspec.engine.errors import LocalspecError
 
+from .ask import add_ask
 from .models_cmd import add_models_commands
 from .ngram_cmd import add_ngram
 from .paths import model_path, resolve_models
@@ -191,6 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _add_generate(sub)
     _add_chat(sub)
+    add_ask(sub)
     _add_bench(sub)
     add_ngram(sub)
     add_models_commands(sub)
