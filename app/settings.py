@@ -24,7 +24,7 @@ import platformdirs
 from localspec.engine.errors import LocalspecError
 
 FILE_NAME = "settings.json"
-STAGES = ("maxgram", "personal", "draft")   # speculation stages a user can switch, cheapest first
+STAGES = ("personal", "draft")   # optional speculation stages (Max-Gram always runs with speculation)
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,7 @@ class Settings:
     top_p: float = 0.95
     top_k: int = 40
     max_tokens: int = 1024
+    seed: int | None = None            # sampling seed; None: a new one for every reply
     speculation: bool = True
     stages: tuple[str, ...] = STAGES
     system_prompt: str = ""
@@ -51,6 +52,8 @@ class Settings:
             problems.append(f"top_k {self.top_k!r} (want an integer >= 0)")
         if not (isinstance(self.max_tokens, int) and self.max_tokens >= 1):
             problems.append(f"max_tokens {self.max_tokens!r} (want an integer >= 1)")
+        if self.seed is not None and not (isinstance(self.seed, int) and self.seed >= 0):
+            problems.append(f"seed {self.seed!r} (want an integer >= 0, or null)")
         unknown = [s for s in self.stages if s not in STAGES]
         if unknown:
             problems.append(f"stages {unknown} (known: {', '.join(STAGES)})")

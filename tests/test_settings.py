@@ -14,7 +14,7 @@ def test_round_trip_and_defaults(tmp_path, monkeypatch):
     monkeypatch.setenv("LOCALSPEC_CONFIG_DIR", str(tmp_path / "cfg"))
     assert load_settings() == Settings()                    # no file: defaults
     s = Settings(model="coder", temperature=0.7, top_p=0.9, top_k=20, max_tokens=64,
-                 speculation=False, stages=("maxgram",), system_prompt="Be brief.",
+                 speculation=False, stages=("personal",), system_prompt="Be brief.",
                  show_sources=True)
     path = save_settings(s)
     assert path == settings_path() and path.parent == tmp_path / "cfg"

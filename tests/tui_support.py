@@ -1,0 +1,109 @@
+"""Helpers for the chat UI tests: building the app on the tiny real model, waiting on it without
+fixed sleeps, and a gate that holds engine events so a test can act mid-reply deterministically."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from localspec.app.engine_proc import Crashed, Done, EngineProcess, EngineSpec, Ready, Token
+from localspec.app.history import History
+from localspec.app.settings import Settings
+from localspec.app.tui.app import ChatApp
+
+# Test-sized engine: one thread, a small context, small trees.
+SPEC = EngineSpec(model="", n_ctx=1024, n_threads=1, tree_nodes=8)
+
+
+async def wait_until(pilot, condition, timeout: float = 60.0, what: str = "") -> None:
+    """Let the app run until `condition()` holds (the engine is a real process: its replies take
+    real time, so this polls instead of sleeping a fixed amount)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what or condition}")
+        await pilot.pause(0.02)
+
+
+class GatedEngine(EngineProcess):
+    """The real engine process, whose events the test can hold back: with `hold_after_first_token`
+    set, everything after a reply's first non-empty Token waits until `release()`, so the test
+    presses Esc (or kills the engine) while the UI shows a partial reply."""
+
+    def __init__(self, spec: EngineSpec) -> None:
+        super().__init__(spec)
+        self.hold_after_first_token = False
+        self.held: list = []
+        self.seen_token = False
+        self.holding = False
+
+    def poll(self, timeout: float | None = 0.0):
+        if self.holding:
+            event = super().poll(0.0)
+            if event is not None:
+                self.held.append(event)
+            return None
+        if self.held:
+            return self.held.pop(0)
+        event = super().poll(timeout)
+        if (self.hold_after_first_token and isinstance(event, Token) and event.text
+                and not self.seen_token):
+            self.seen_token = self.holding = True
+        return event
+
+    def release(self, drop_all_but_crash: bool = False) -> None:
+        """Let held events through; with drop_all_but_crash, only the Crashed event: what the UI
+        sees when the engine dies right after the first token."""
+        if drop_all_but_crash:
+            self.held = [e for e in self.held if isinstance(e, Crashed)]
+        self.hold_after_first_token = self.holding = self.seen_token = False
+
+    @property
+    def crash_held(self) -> bool:
+        return any(isinstance(e, Crashed) for e in self.held)
+
+
+@dataclass
+class Harness:
+    app: ChatApp
+    history: History
+    engines: list = field(default_factory=list)
+
+    @property
+    def engine(self):
+        return self.engines[-1]
+
+    @property
+    def chat(self):
+        return self.app.chat
+
+    def factory(self, spec: EngineSpec):
+        engine = GatedEngine(spec)
+        self.engines.append(engine)
+        return engine
+
+
+def make_app(tiny, tmp_path: Path, **settings) -> Harness:
+    values = {"model": str(tiny.target_gguf), "max_tokens": 48, "stages": ("personal",)}
+    values.update(settings)
+    history = History.open(tmp_path / "history.sqlite")
+    harness = Harness(None, history)
+    harness.app = ChatApp(Settings(**values), history, engine_factory=harness.factory,
+                          engine_spec=SPEC, settings_file=tmp_path / "settings.json")
+    return harness
+
+
+async def type_and_send(pilot, harness: Harness, text: str) -> None:
+    harness.chat.query_one("#prompt").text = text
+    await pilot.press("enter")
+
+
+def ready(harness: Harness) -> bool:
+    return harness.chat is not None and harness.chat.ready is not None
+
+
+def replied(harness: Harness) -> bool:
+    return harness.chat.reply is None
+
+
+__all__ = ["Done", "Ready", "Harness", "make_app", "wait_until", "type_and_send", "ready", "replied"]
