@@ -107,3 +107,80 @@ def replied(harness: Harness) -> bool:
 
 
 __all__ = ["Done", "Ready", "Harness", "make_app", "wait_until", "type_and_send", "ready", "replied"]
+
+
+# ---- deterministic content for snapshots (no live engine output) ---------------------------------
+DEMO_READY = Ready(model="/models/qwen2.5-coder-7b-instruct-q4_k_m.gguf",
+                   draft="/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+                   device="GPU (NVIDIA GeForce RTX 4090)", gpu_layers=28,
+                   stages=["maxgram", "personal-ngram", "gguf-draft"])
+DEMO_STATS = {"prompt_tokens": 31, "tokens": 88, "target_calls": 30, "tokens_per_call": 2.93,
+              "tokens_per_second": 142.3, "plain_tok_s": 81.6,
+              "stages": [{"name": "maxgram", "proposed": 41, "accepted": 30, "acceptance": 0.7317},
+                         {"name": "personal-ngram", "proposed": 12, "accepted": 5,
+                          "acceptance": 0.4167},
+                         {"name": "gguf-draft", "proposed": 52, "accepted": 23,
+                          "acceptance": 0.4423}]}
+DEMO_REPLY = """Slicing with a step of -1 walks the string backwards:
+
+```python
+def reverse(s: str) -> str:
+    return s[::-1]
+
+
+assert reverse("localspec") == "cepslacol"
+```
+
+It runs in O(n) time and works for any Unicode string."""
+
+
+class ScriptedEngine:
+    """An engine that only reports it is ready (snapshots show stored conversations, never live
+    output). It records the requests it is sent."""
+
+    def __init__(self, spec: EngineSpec) -> None:
+        self.spec, self.requests, self._events = spec, [], [DEMO_READY]
+
+    def start(self) -> None: ...
+    def restart(self) -> None: ...
+    def close(self) -> None: ...
+
+    def poll(self, timeout: float | None = 0.0):
+        return self._events.pop(0) if self._events else None
+
+    def __getattr__(self, op: str):   # generate / stop / learn / forget
+        return lambda *args, **kwargs: self.requests.append((op, args, kwargs))
+
+
+def demo_segments(text: str) -> list[tuple[str, str]]:
+    """The reply cut into pieces with a repeating pattern of proposers, like a real stream's."""
+    cycle = ["target", "maxgram", "maxgram", "gguf-draft", "target", "personal-ngram", "gguf-draft"]
+    pieces, i = [], 0
+    for n, size in enumerate([3, 7, 2, 9, 4, 5, 11] * 20):
+        if i >= len(text):
+            break
+        pieces.append((text[i:i + size], cycle[n % len(cycle)]))
+        i += size
+    return pieces
+
+
+def demo_history(path: Path) -> History:
+    history = History.open(path)
+    older = history.new_conversation("Explain SQLite WAL mode")
+    history.add_message(older.id, "user", "What does WAL mode change in SQLite?")
+    r = history.begin_reply(older.id)
+    history.finish_reply(r.id, "Readers no longer block the writer: changes go to a log first.",
+                         "stopped")
+    conv = history.new_conversation("Reverse a string in Python")
+    history.add_message(conv.id, "user", "How do I reverse a string in Python?")
+    r = history.begin_reply(conv.id)
+    history.finish_reply(r.id, DEMO_REPLY, "complete", DEMO_STATS, demo_segments(DEMO_REPLY))
+    return history
+
+
+def demo_app(tmp_path: Path, **settings) -> ChatApp:
+    values = {"model": "qwen2.5-coder-7b"}
+    values.update(settings)
+    return ChatApp(Settings(**values), demo_history(tmp_path / "history.sqlite"),
+                   engine_factory=ScriptedEngine, engine_spec=SPEC,
+                   settings_file=tmp_path / "settings.json")

@@ -32,7 +32,7 @@ from localspec.engine.errors import LocalspecError
 
 from .attach import code_blocks, expand_attachments
 from .dialogs import ConfirmScreen, TextPromptScreen
-from .format import engine_line, lead_source
+from .format import engine_line, lead_source, stages_line
 from .widgets import MessageView, PromptInput, StatusBar
 
 CHECKPOINT_SECONDS = 1.0
@@ -378,8 +378,9 @@ class ChatScreen(Screen):
     def refresh_status(self) -> None:
         r = self.ready
         line = engine_line(r.model if r else None, r.draft if r else None, r.device if r else None,
-                           r.gpu_layers if r else 0, r.stages if r else None, self.engine_state)
-        self.query_one("#status", StatusBar).show(line, self.last_stats, self.has_class("-sources"))
+                           r.gpu_layers if r else 0, self.engine_state)
+        self.query_one("#status", StatusBar).show(line, stages_line(r.stages if r else None),
+                                                  self.last_stats, self.has_class("-sources"))
 
     def show_notice(self, text: str) -> None:
         notice = self.query_one("#notice", Static)

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.widget import Widget
 from textual.screen import ModalScreen
 from textual.widgets import Button, Checkbox, Input, Label, Static, Switch, TextArea
 
@@ -46,7 +47,7 @@ class TextPromptScreen(ModalScreen[str | None]):
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog-box"):
             yield Label(self.question)
-            yield Input(self.value, id="answer")
+            yield Input(self.value, id="answer", compact=True)
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         self.dismiss(event.value)
@@ -69,29 +70,24 @@ class SettingsScreen(ModalScreen[Settings | None]):
         s = self.settings
         with VerticalScroll(classes="dialog-box settings"):
             yield Static("Settings", classes="dialog-title")
-            with Grid(classes="settings-grid"):
-                yield Label("Model (path or name)")
-                yield Input(s.model or "", id="model", placeholder="localspec list shows names")
-                yield Label("Draft (path; empty: the model's own)")
-                yield Input(s.draft or "", id="draft")
-                yield Label("Temperature (0 = greedy)")
-                yield Input(str(s.temperature), id="temperature")
-                yield Label("Top-p")
-                yield Input(str(s.top_p), id="top_p")
-                yield Label("Top-k (0 = off)")
-                yield Input(str(s.top_k), id="top_k")
-                yield Label("Max tokens per reply")
-                yield Input(str(s.max_tokens), id="max_tokens")
-                yield Label("Seed (empty: new each reply)")
-                yield Input("" if s.seed is None else str(s.seed), id="seed")
-                yield Label("Speculation")
-                yield Switch(s.speculation, id="speculation")
-                yield Label("Stages (Max-Gram always)")
-                with Horizontal(classes="stages"):
-                    for stage in STAGES:
-                        yield Checkbox(stage, stage in s.stages, id=f"stage-{stage}")
-                yield Label("Colour tokens by drafter")
-                yield Switch(s.show_sources, id="show_sources")
+            yield from _row("Model (path or name)",
+                            Input(s.model or "", id="model", compact=True,
+                                  placeholder="a name from localspec list, or a .gguf path"))
+            yield from _row("Draft (empty: the model's own)",
+                            Input(s.draft or "", id="draft", compact=True))
+            yield from _row("Temperature (0 = greedy)",
+                            Input(str(s.temperature), id="temperature", compact=True))
+            yield from _row("Top-p", Input(str(s.top_p), id="top_p", compact=True))
+            yield from _row("Top-k (0 = off)", Input(str(s.top_k), id="top_k", compact=True))
+            yield from _row("Max tokens per reply",
+                            Input(str(s.max_tokens), id="max_tokens", compact=True))
+            yield from _row("Seed (empty: new each reply)",
+                            Input("" if s.seed is None else str(s.seed), id="seed", compact=True))
+            yield from _row("Speculation", Switch(s.speculation, id="speculation"))
+            yield from _row("Stages (Max-Gram always)",
+                            *[Checkbox(stage, stage in s.stages, id=f"stage-{stage}", compact=True)
+                              for stage in STAGES])
+            yield from _row("Colour tokens by drafter", Switch(s.show_sources, id="show_sources"))
             yield Label("System prompt")
             yield TextArea(s.system_prompt, id="system_prompt", classes="system-prompt")
             yield Label("", id="settings-error")
@@ -124,3 +120,9 @@ class SettingsScreen(ModalScreen[Settings | None]):
 
     def action_cancel(self) -> None:
         self.dismiss(None)
+
+
+def _row(label: str, *widgets: Widget) -> ComposeResult:
+    with Horizontal(classes="setting"):
+        yield Label(label)
+        yield from widgets

@@ -29,16 +29,21 @@ def lead_source(sources: list[str]) -> str:
 
 
 def engine_line(model: str | None, draft: str | None, device: str | None, gpu_layers: int,
-                stages: list[str] | None, state: str) -> str:
-    """'tiny.gguf + draft.gguf · CPU · maxgram, personal-ngram' or the engine's state."""
+                state: str) -> str:
+    """'target.gguf + draft.gguf · GPU (name), 28 layers offloaded', or the engine's state."""
     if model is None:
         return state
     name = Path(model).name + (f" + {Path(draft).name}" if draft else "")
     where = device or "?"
     if gpu_layers:
         where += f", {gpu_layers} layers offloaded"
-    spec = ", ".join(_short(s) for s in stages) if stages else "plain decoding"
-    return f"{name} · {where} · {spec}" + (f" · {state}" if state else "")
+    return f"{name} · {where}" + (f" · {state}" if state else "")
+
+
+def stages_line(stages: list[str] | None) -> str:
+    if stages is None:
+        return ""
+    return "drafters: " + ", ".join(_short(s) for s in stages) if stages else "plain decoding"
 
 
 def speculation_summary(stats: dict, per_drafter: bool = False, brief: bool = False) -> str:

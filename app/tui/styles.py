@@ -20,7 +20,8 @@ CSS = """
 }
 #body { height: 1fr; }
 #status {
-    height: 2;
+    height: auto;
+    max-height: 3;
     background: $panel;
     color: $text;
     padding: 0 1;
@@ -48,15 +49,11 @@ ChatScreen.-sources .msg-sources { display: block; }
 .dialog-title { text-style: bold; margin-bottom: 1; }
 .dialog-buttons { height: auto; margin-top: 1; }
 .dialog-buttons Button { margin-right: 2; }
-.settings-grid {
-    grid-size: 2;
-    grid-columns: 36 1fr;
-    grid-rows: auto;
-    height: auto;
-    grid-gutter: 0 1;
-}
-.settings-grid Label { padding-top: 1; }
-.stages { height: auto; }
+.setting { height: auto; }
+.setting Label { width: 32; }
+.setting Input { width: 1fr; }
+.setting Switch { height: 1; border: none; padding: 0; }
+.setting Checkbox { margin-right: 2; }
 .system-prompt { height: 5; }
 #settings-error { color: $error; }
 

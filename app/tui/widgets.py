@@ -112,10 +112,10 @@ class MessageView(Vertical):
 class StatusBar(Static):
     """Model, device, and the last reply's speculation numbers, from the engine's measurements."""
 
-    def show(self, engine: str, stats: dict | None, sources_on: bool) -> None:
+    def show(self, engine: str, stages: str, stats: dict | None, sources_on: bool) -> None:
         line = Text(engine, style="bold")
         line.append("\n")
-        line.append(speculation_summary(stats, per_drafter=True) if stats else "no reply yet")
+        line.append(speculation_summary(stats, per_drafter=True) if stats else stages)
         if sources_on:
             line.append("  │  ")
             for name in ("target", "maxgram", "personal-ngram", "draft"):
