@@ -48,8 +48,10 @@ class Inbox:
             if request.get("op") == "stop":
                 with self._lock:
                     self._stopped.add(str(request.get("id")))
-            else:
-                self._requests.put(request)
+                continue
+            if request.get("op") == "exit":
+                self.closed = True           # a running generation stops at its next round
+            self._requests.put(request)
         self.closed = True
         self._requests.put(None)
 
@@ -192,7 +194,8 @@ def _check_messages(messages: object) -> list[dict]:
 
 def open_session(spec: EngineSpec) -> Session:
     model, draft = resolve_models(spec.model, spec.draft)
-    return Session(EngineConfig(model=model, draft=draft, speculation=spec.speculation,
+    return Session(EngineConfig(model=model, draft=draft if spec.use_draft else None,
+                                speculation=spec.speculation,
                                 personal=spec.personal, n_ctx=spec.n_ctx,
                                 n_gpu_layers=spec.n_gpu_layers, n_threads=spec.n_threads,
                                 budget=TreeBudget(max_nodes=spec.tree_nodes, adaptive=True)))

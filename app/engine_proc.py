@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -41,6 +42,7 @@ class EngineSpec:
     personal: bool = True       # personal n-gram drafter
     tree_nodes: int = 16
     n_threads: int | None = None
+    use_draft: bool = True      # False: no draft model, not even an installed model's own
 
 
 # ---- events -------------------------------------------------------------------------------------
@@ -94,18 +96,22 @@ class Crashed:
 
     exitcode: int | None
     detail: str                 # the tail of its stderr
+    cause: str = ""             # its most telling line (a GGML_ASSERT, a CUDA error, ...), or ""
 
     @property
     def reason(self) -> str:
+        """One line for the user: how it died, and why when stderr says."""
         if self.exitcode is None:
-            return "the engine process stopped answering"
-        if self.exitcode < 0:
+            how = "the engine process stopped answering"
+        elif self.exitcode < 0:
             try:
                 name = signal.Signals(-self.exitcode).name
             except ValueError:
                 name = f"signal {-self.exitcode}"
-            return f"the engine process was killed by {name}"
-        return f"the engine process exited with status {self.exitcode}"
+            how = f"the engine process was killed by {name}"
+        else:
+            how = f"the engine process exited with status {self.exitcode}"
+        return f"{how} ({self.cause})" if self.cause else how
 
 
 Event = Union[Ready, Token, Done, Error, Crashed]
@@ -125,6 +131,7 @@ def decode_event(line: str) -> Ready | Token | Done | Error:
 
 # ---- the parent side ----------------------------------------------------------------------------
 STDERR_TAIL = 4000      # characters of the child's stderr quoted in Crashed.detail
+STDERR_SCAN = 256_000   # bytes of its end searched for the line that says why it died
 CLOSE_GRACE = 5.0       # seconds close() waits for a clean exit before killing
 
 
@@ -257,11 +264,13 @@ class EngineProcess:
 
     def _read(self, child: _Child) -> None:
         for line in child.proc.stdout:
+            if not line.endswith(b"\n"):
+                break   # torn by the child's death mid-write: the crash is what to report
             self._events.put(decode_event(line.decode()))
         code = child.proc.wait()
         child.outbox.put(None)
         if not child.expected_exit and code != 0:
-            self._events.put(Crashed(code, _tail(child.stderr)))
+            self._events.put(_crash_report(code, child.stderr))
         child.stderr.close()
 
     def _stop_child(self, grace: float) -> None:
@@ -283,11 +292,31 @@ class EngineProcess:
             t.join(timeout=5.0)
 
 
-def _tail(stderr: IO[bytes]) -> str:
+def _crash_report(code: int | None, stderr: IO[bytes]) -> Crashed:
     stderr.flush()
     size = stderr.seek(0, os.SEEK_END)
-    stderr.seek(max(0, size - STDERR_TAIL))
-    return stderr.read().decode("utf-8", errors="replace").strip()
+    stderr.seek(max(0, size - STDERR_SCAN))
+    text = stderr.read().decode("utf-8", errors="replace").strip()
+    return Crashed(code, text[-STDERR_TAIL:], telling_line(text))
+
+
+# Lines that say why a process died, most specific first: llama.cpp's asserts and aborts, CUDA.
+_TELLING = (re.compile(r"GGML_(ASSERT|ABORT).*|ggml_abort.*"),
+            re.compile(r"CUDA error.*|.*out of memory.*", re.IGNORECASE),
+            re.compile(r"Fatal Python error: .*"))
+
+
+def telling_line(stderr_text: str) -> str:
+    """The line of a dead process's stderr that says why it died, or ""."""
+    lines = [line.strip() for line in stderr_text.splitlines() if line.strip()]
+    for pattern in _TELLING:
+        for line in reversed(lines):
+            if m := pattern.search(line):
+                return m.group(0)[:300]
+    if "Traceback (most recent call last)" in stderr_text:   # a Python exception: its last line
+        last = [line for line in stderr_text.splitlines() if line.strip() and not line[0].isspace()]
+        return last[-1].strip()[:300] if last else ""
+    return ""
 
 
 def _child_env() -> dict[str, str]:
@@ -295,6 +324,8 @@ def _child_env() -> dict[str, str]:
     env.setdefault("HF_HUB_OFFLINE", "1")        # the engine never touches the network
     env.setdefault("TRANSFORMERS_OFFLINE", "1")
     env["PYTHONUNBUFFERED"] = "1"
+    env.setdefault("GGML_NO_BACKTRACE", "1")     # ggml would attach gdb on an abort: the Python
+                                                 # traceback (faulthandler) is what we quote
     return env
 
 

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import os
 import signal
+import struct
 import time
+from pathlib import Path
 
 import pytest
 
-from localspec.app.engine_proc import (Crashed, Done, EngineProcess, EngineSpec, Error, Ready,
-                                       Token, wait_for)
+from localspec.app.engine_proc import (CLOSE_GRACE, Crashed, Done, EngineProcess, EngineSpec,
+                                       Error, Ready, Token, telling_line, wait_for)
 from localspec.engine.session import EngineConfig, Session
 from localspec.models.ngram_store import NgramStore, store_paths
 
@@ -102,6 +104,28 @@ def test_stop_ends_a_reply_quickly_and_keeps_the_engine_consistent(engine, expec
     _, done = reply(engine, "after")
     assert done.text == expected[2]
 
+    engine.generate_raw("running", RAW, **WILD)      # a stop for a queued request: it never runs
+    engine.generate_raw("queued", RAW, max_tokens=64)
+    engine.stop("queued")
+    engine.stop("running")
+    dones = {}
+    while len(dones) < 2:
+        event = wait_for(engine, (Done,), timeout=60)[-1]
+        dones[event.request_id] = event
+    assert dones["queued"].finish_reason == "stopped" and dones["queued"].text == ""
+    assert dones["running"].finish_reason in ("stopped", "stop")
+
+
+def test_close_stops_a_running_reply_and_exits_cleanly(engine):
+    ready(engine)
+    engine.generate_raw("long", RAW, **WILD)
+    wait_for(engine, (Token, Done), timeout=60)
+    t0 = time.monotonic()
+    engine.close()
+    assert time.monotonic() - t0 < CLOSE_GRACE / 2 and not engine.alive   # not killed at the grace
+    engine.close()                                                         # idempotent
+    assert not [e for e in engine.events() if isinstance(e, (Crashed, Error))]
+
 
 def test_a_killed_engine_is_reported_and_restarts(engine, expected):
     ready(engine)
@@ -124,6 +148,53 @@ def test_a_killed_engine_is_reported_and_restarts(engine, expected):
     os.kill(engine.pid, signal.SIGABRT)           # what a GGML_ASSERT does: stderr is quoted
     crash = wait_for(engine, (Crashed,), timeout=60)[-1]
     assert crash.exitcode == -signal.SIGABRT and "Fatal Python error: Aborted" in crash.detail
+
+
+def patched_gguf(src: Path, dst: Path, key: str, value: int) -> Path:
+    """A copy of a GGUF with one uint32 metadata value replaced (same size, so it passes the
+    file checks and reaches llama.cpp)."""
+    data = bytearray(src.read_bytes())
+    name = key.encode()
+    at = data.find(struct.pack("<Q", len(name)) + name)
+    assert at >= 0, key
+    at += 8 + len(name)
+    assert struct.unpack_from("<I", data, at)[0] == 4   # GGUF_TYPE_UINT32
+    struct.pack_into("<I", data, at + 4, value)
+    dst.write_bytes(data)
+    return dst
+
+
+def test_an_abort_inside_llama_cpp_is_reported_and_restart_still_works(tiny, tmp_path):
+    """block_count 0 passes the GGUF checks and trips a GGML_ASSERT, which aborts the process."""
+    bad = patched_gguf(Path(tiny.target_gguf), tmp_path / "bad.gguf", "qwen2.block_count", 0)
+    engine = EngineProcess(EngineSpec(model=str(bad), speculation=False, n_ctx=512))
+    engine.start()
+    try:
+        crash = wait_for(engine, (Ready, Error), timeout=120)[-1]
+        assert isinstance(crash, Crashed) and crash.exitcode == -signal.SIGABRT
+        assert crash.cause.startswith("GGML_ASSERT(") and "GGML_ASSERT" in crash.reason
+        assert "llama_model.py" in crash.detail       # faulthandler's Python traceback
+    finally:
+        engine.close()
+
+
+def test_telling_line_picks_why_it_died():
+    assert telling_line("x\n/src/ggml.c:12: GGML_ASSERT(a > 0) failed\nFatal Python error: Aborted\n"
+                        "  File x") == "GGML_ASSERT(a > 0) failed"
+    assert telling_line("CUDA error: out of memory\n  current device: 0") == "CUDA error: out of memory"
+    assert telling_line("Traceback (most recent call last):\n  File 'a', line 1\nKeyError: 'x'\n") \
+        == "KeyError: 'x'"
+    assert telling_line("just noise\n") == ""
+
+
+def test_use_draft_false_loads_no_draft_model(tiny):
+    engine = EngineProcess(EngineSpec(model=str(tiny.target_gguf), draft=str(tiny.draft_gguf),
+                                      use_draft=False, personal=False, n_ctx=512))
+    engine.start()
+    try:
+        assert ready(engine).stages == ["maxgram"]
+    finally:
+        engine.close()
 
 
 def test_missing_model_is_an_error_not_a_crash(tmp_path):
