@@ -90,8 +90,9 @@ class Server:
                 else:
                     raise LocalspecError("Unknown engine request", repr(op),
                                          "Send generate, stop, learn, forget or exit")
-            except LocalspecError as err:
-                self.send(Error(request.get("id"), err.title, err.cause, err.fix))
+            except LocalspecError as err:   # request_id None would mean "the engine failed to load"
+                rid = request.get("id") or f"{op}:{request.get('conversation', '')}"
+                self.send(Error(str(rid), err.title, err.cause, err.fix))
 
     def generate(self, request: dict) -> None:
         rid = str(request["id"])

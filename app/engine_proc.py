@@ -82,7 +82,8 @@ class Done:
 @dataclass(frozen=True)
 class Error:
     """A LocalspecError inside the engine, or a bad request. request_id None: the engine itself
-    (loading failed; the process has exited cleanly)."""
+    (loading failed; the process has exited cleanly). A failed learn or forget reports
+    "learn:<conversation id>" / "forget:<conversation id>"."""
 
     request_id: str | None
     title: str

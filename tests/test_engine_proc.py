@@ -232,3 +232,21 @@ def test_learn_then_forget_changes_the_store(engine):
     engine.generate_raw("barrier2", RAW, max_tokens=4)
     reply(engine, "barrier2")
     assert _conversation_rows(name) == 0
+
+
+def test_forget_reaches_the_store_with_the_personal_drafter_off(engine, tiny):
+    ready(engine)
+    name = f"conv-{os.getpid()}-{time.time_ns()}"
+    engine.learn(name, CHAT + [{"role": "assistant", "content": "def largest(xs): return max(xs)"}])
+    engine.close()                                     # runs what it was sent, then exits
+    assert _conversation_rows(name) > 0
+    off = EngineProcess(EngineSpec(model=str(tiny.target_gguf), personal=False, n_ctx=512))
+    off.start()
+    try:
+        assert "personal-ngram" not in ready(off).stages
+        off.forget(name)
+        off.generate_raw("barrier", RAW, max_tokens=4)
+        reply(off, "barrier")
+        assert _conversation_rows(name) == 0
+    finally:
+        off.close()
