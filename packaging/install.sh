@@ -12,22 +12,25 @@
 # packaging/localspec.desktop into ~/.local/share/applications with Exec pointing at the tool.
 #
 # torch: PyPI's Linux torch is the CUDA build (GBs of NVIDIA libraries), so the CPU install asks
-# PyTorch's CPU index for it; the CUDA install takes PyPI's. --torch-index URL picks another index
-# (e.g. .../whl/cu124), --torch-index none keeps pip's own configuration.
+# PyTorch's CPU index for it (uv: --torch-backend cpu); the CUDA install takes PyPI's (uv:
+# --torch-backend auto, the build for the installed driver). --torch-index URL picks another
+# index (e.g. .../whl/cu124), --torch-index none leaves torch to the installer's configuration.
+# --find-links DIR (repeatable) adds a folder of wheels: an offline install from a wheelhouse.
 #
-# Options: --cuda  --tool pipx|uv  --python PY  --torch-index URL|none  --no-desktop
-#          --desktop-only  --exec PATH  --dry-run (print the commands, change nothing)
+# Options: --cuda  --tool pipx|uv  --python PY  --torch-index URL|none  --find-links DIR
+#          --no-desktop  --desktop-only  --exec PATH  --dry-run (print the commands, change nothing)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(dirname "$here")
 cuda=0; tool=""; py=${PYTHON:-python3}; torch_index=default; desktop=1; desktop_only=0
-exe=""; dry=0
+exe=""; dry=0; extra_links=()
 while [ $# -gt 0 ]; do
   case $1 in
     --cuda) cuda=1 ;;
     --tool) tool=$2; shift ;;
     --python) py=$2; shift ;;
     --torch-index) torch_index=$2; shift ;;
+    --find-links) extra_links+=("$2"); shift ;;
     --no-desktop) desktop=0 ;;
     --desktop-only) desktop_only=1 ;;
     --exec) exe=$2; shift ;;
@@ -67,9 +70,6 @@ if [ -z "$tool" ]; then
   else echo "install.sh: needs pipx or uv (e.g. 'python3 -m pip install --user pipx')" >&2; exit 2; fi
 fi
 case $tool in pipx|uv) ;; *) echo "install.sh: --tool pipx or uv, not '$tool'" >&2; exit 2 ;; esac
-if [ "$torch_index" = default ]; then
-  if [ "$cuda" = 1 ]; then torch_index=none; else torch_index=https://download.pytorch.org/whl/cpu; fi
-fi
 
 # 1. the two wheels
 dist=$(mktemp -d "${TMPDIR:-/tmp}/localspec-dist.XXXX")
@@ -79,23 +79,31 @@ llama_cmd="LOCALSPEC_CUDA=$cuda PYTHON=$py $here/build-llama-wheel.sh"
 echo "+ $llama_cmd" >&2
 if [ "$dry" = 1 ]; then
   wheel="$dist/localspec-<version>-py3-none-any.whl"; llama="<the llama-cpp-python wheel it prints>"
+  links="<its folder>"
 else
   wheel=$(ls "$dist"/localspec-*.whl)
   llama=$(LOCALSPEC_CUDA=$cuda PYTHON=$py "$here/build-llama-wheel.sh")
+  links=$(dirname "$llama")
 fi
-links=$(dirname "$llama")
 
 # 2. the isolated install, with that llama build
 if [ "$tool" = pipx ]; then
   pip_args="--find-links $links"
-  [ "$torch_index" = none ] || pip_args+=" --extra-index-url $torch_index"
+  for l in "${extra_links[@]}"; do pip_args+=" --find-links $l"; done
+  if [ "$torch_index" = default ] && [ "$cuda" = 0 ]; then torch_index=https://download.pytorch.org/whl/cpu; fi
+  case $torch_index in default|none) ;; *) pip_args+=" --extra-index-url $torch_index" ;; esac
   run pipx install --force --python "$py" --pip-args "$pip_args" "$wheel"
   run pipx runpip localspec install --force-reinstall --no-deps "$llama"
   bin_dir=$( [ "$dry" = 1 ] && echo '<pipx bin dir>' || pipx environment --value PIPX_BIN_DIR)
   venv_py=$( [ "$dry" = 1 ] && echo '<pipx venv>/bin/python' || echo "$(pipx environment --value PIPX_LOCAL_VENVS)/localspec/bin/python")
 else
-  uv_args=(--find-links "$links" --index-strategy unsafe-best-match)
-  [ "$torch_index" = none ] || uv_args+=(--extra-index-url "$torch_index")
+  uv_args=(--find-links "$links")
+  for l in "${extra_links[@]}"; do uv_args+=(--find-links "$l"); done
+  case $torch_index in
+    default) if [ "$cuda" = 1 ]; then uv_args+=(--torch-backend auto); else uv_args+=(--torch-backend cpu); fi ;;
+    none) ;;
+    *) uv_args+=(--extra-index-url "$torch_index" --index-strategy unsafe-best-match) ;;
+  esac
   run uv tool install --force --python "$py" "${uv_args[@]}" "$wheel"
   venv_py=$( [ "$dry" = 1 ] && echo '<uv tool dir>/localspec/bin/python' || echo "$(uv tool dir)/localspec/bin/python")
   run uv pip install --python "$venv_py" --reinstall --no-deps "$llama"

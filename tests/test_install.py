@@ -110,7 +110,10 @@ def test_install_script_commands(tmp_path, tool, cuda):
     assert f"LOCALSPEC_CUDA={int(cuda)} " in text and "build-llama-wheel.sh" in text
     install = next(line for line in lines if line.startswith(f"{tool} ") and " install " in line)
     assert "--force" in install and "--find-links" in install and "localspec-" in install
-    assert ("download.pytorch.org/whl/cpu" in install) is (not cuda)   # CUDA: PyPI's CUDA torch
+    if tool == "pipx":   # CPU: torch from PyTorch's CPU index; CUDA: PyPI's (CUDA) build
+        assert ("--extra-index-url https://download.pytorch.org/whl/cpu" in install) is (not cuda)
+    else:
+        assert f"--torch-backend {'auto' if cuda else 'cpu'}" in install
     assert any("--no-deps" in line and "llama-cpp-python wheel" in line for line in lines)
     assert any(line.endswith("localspec --version") for line in lines)
     assert any("llama_supports_gpu_offload" in line for line in lines) is cuda
