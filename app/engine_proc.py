@@ -153,6 +153,7 @@ class EngineProcess:
         self._events: queue.Queue[Event] = queue.Queue()
         self._child: _Child | None = None
         self._closed = False
+        self._deferred: dict[str, str] = {}   # conversation id -> its last learn/forget sent while down
 
     # ---- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -166,6 +167,9 @@ class EngineProcess:
                                 start_new_session=True, env=_child_env())
         child = _Child(proc, stderr)
         child.outbox.put(json.dumps({"op": "open", "spec": asdict(self.spec)}))
+        for line in self._deferred.values():   # run once the engine is up, in order
+            child.outbox.put(line)
+        self._deferred.clear()
         child.threads = [threading.Thread(target=self._write, args=(child,), daemon=True,
                                           name="localspec-engine-writer"),
                          threading.Thread(target=self._read, args=(child,), daemon=True,
@@ -214,12 +218,21 @@ class EngineProcess:
         self._send(None, {"op": "stop", "id": request_id})
 
     def learn(self, conversation_id: str, messages: list[dict]) -> None:
-        """The personal n-gram drafter learns a finished exchange (the whole conversation)."""
-        self._send(None, {"op": "learn", "conversation": conversation_id, "messages": messages})
+        """The personal n-gram drafter learns a finished exchange (the whole conversation).
+        While the engine is down, the last learn or forget of each conversation waits for start()."""
+        self._send_store(conversation_id, {"op": "learn", "conversation": conversation_id,
+                                           "messages": messages})
 
     def forget(self, conversation_id: str) -> None:
         """Forget a deleted conversation's n-grams (also when the personal drafter is off)."""
-        self._send(None, {"op": "forget", "conversation": conversation_id})
+        self._send_store(conversation_id, {"op": "forget", "conversation": conversation_id})
+
+    def _send_store(self, conversation_id: str, request: dict) -> None:
+        if self.alive:
+            self._child.outbox.put(json.dumps(request))
+        else:
+            self._deferred.pop(conversation_id, None)
+            self._deferred[conversation_id] = json.dumps(request)
 
     def _send(self, request_id: str | None, request: dict) -> None:
         if not self.alive:

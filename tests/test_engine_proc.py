@@ -241,10 +241,10 @@ def test_forget_reaches_the_store_with_the_personal_drafter_off(engine, tiny):
     engine.close()                                     # runs what it was sent, then exits
     assert _conversation_rows(name) > 0
     off = EngineProcess(EngineSpec(model=str(tiny.target_gguf), personal=False, n_ctx=512))
+    off.forget(name)                                   # sent while down: runs once it is up
     off.start()
     try:
         assert "personal-ngram" not in ready(off).stages
-        off.forget(name)
         off.generate_raw("barrier", RAW, max_tokens=4)
         reply(off, "barrier")
         assert _conversation_rows(name) == 0
