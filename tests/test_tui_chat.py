@@ -158,3 +158,19 @@ async def test_engine_killed_mid_reply_ui_survives_and_restart_works(tiny, tmp_p
         await wait_until(pilot, lambda: replied(h), what="reply after restart")
         assert [m.state for m in h.history.messages(conv.id)] == \
             ["complete", "error", "complete", "complete"]
+
+
+async def test_quit_mid_reply_keeps_it_marked(tiny, tmp_path, monkeypatch):
+    monkeypatch.setenv("LOCALSPEC_DATA_DIR", str(tmp_path))
+    h = make_app(tiny, tmp_path)
+    async with h.app.run_test(size=SIZE) as pilot:
+        await wait_until(pilot, lambda: ready(h), what="engine ready")
+        h.engine.hold_after_first_token = True
+        await type_and_send(pilot, h, "Say hello to Bob.")
+        await wait_until(pilot, lambda: h.engine.holding, what="first token")
+        shown = h.chat.reply.text
+        await pilot.press("ctrl+q")
+    (conv,) = h.history.conversations()
+    reply = h.history.messages(conv.id)[-1]
+    assert (reply.state, reply.content) == ("stopped", shown)
+    assert not h.engine.alive

@@ -82,12 +82,17 @@ class ChatApp(App):
         if not self.settings.model:
             await self.show_first_run(None)
             return
+        while isinstance(self.screen, FirstRunScreen):
+            await self.pop_screen()
         self.chat = ChatScreen(self.history)
         await self.push_screen(self.chat)
         self.start_engine()
 
     async def show_first_run(self, problem: LocalspecError | None) -> None:
         if self.chat is not None:
+            while self.screen is not self.chat:   # a dialog above the chat goes too
+                await self.pop_screen()
+            self.chat.save_reply_in_flight()
             await self.pop_screen()
             self.chat = None
         await self.push_screen(FirstRunScreen(problem))
@@ -123,6 +128,8 @@ class ChatApp(App):
             self.engine = None
 
     async def on_unmount(self) -> None:
+        if self.chat is not None:
+            self.chat.save_reply_in_flight()
         self.stop_engine()
 
     # ---- engine traffic -----------------------------------------------------------------------

@@ -374,6 +374,13 @@ class ChatScreen(Screen):
         if stats:
             self.refresh_status()
 
+    def save_reply_in_flight(self) -> None:
+        """Leaving (quit, or the model failed): the reply in flight is kept, marked stopped."""
+        reply, self.reply = self.reply, None
+        if reply is not None:
+            self.app.engine_call("stop", reply.request_id)
+            self.history.finish_reply(reply.message_id, reply.text, "stopped", None, reply.segments)
+
     # ---- helpers ------------------------------------------------------------------------------
     def refresh_status(self) -> None:
         r = self.ready
