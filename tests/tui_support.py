@@ -184,3 +184,26 @@ def demo_app(tmp_path: Path, **settings) -> ChatApp:
     return ChatApp(Settings(**values), demo_history(tmp_path / "history.sqlite"),
                    engine_factory=ScriptedEngine, engine_spec=SPEC,
                    settings_file=tmp_path / "settings.json")
+
+
+async def save_demo_screenshots(folder: Path) -> None:
+    """docs/chat.svg and docs/chat-colours.svg (the README's): `python tests/tui_support.py docs`."""
+    import re
+    import tempfile
+
+    for name, keys in (("chat", []), ("chat-colours", ["ctrl+t"])):
+        app = demo_app(Path(tempfile.mkdtemp()))
+        async with app.run_test(size=(120, 34)) as pilot:
+            await pilot.press(*keys)
+            await pilot.pause()
+            svg = app.export_screenshot()
+        # local fonts only: the image fetches nothing when viewed
+        svg = re.sub(r',\s*url\("https://[^"]+"\) format\("[^"]+"\)', "", svg)
+        (folder / f"{name}.svg").write_text(svg)
+
+
+if __name__ == "__main__":
+    import asyncio
+    import sys
+
+    asyncio.run(save_demo_screenshots(Path(sys.argv[1])))
