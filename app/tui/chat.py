@@ -112,15 +112,19 @@ class ChatScreen(Screen):
         await messages.mount(Static(WELCOME, classes="welcome"))
 
     # ---- conversations ------------------------------------------------------------------------
-    async def reload_conversations(self, query: str = "") -> None:
+    async def reload_conversations(self) -> None:
+        """The sidebar: every conversation, or those matching the search box."""
         view = self.query_one("#conversations", ListView)
         await view.clear()
-        convs = self.history.search(query) if query else self.history.conversations()
-        await view.extend(ListItem(Label(c.title), name=c.id) for c in convs)
+        await view.extend(ListItem(Label(c.title), name=c.id)
+                          for c in self.history.search(self.query_one("#search", Input).value))
+        self._highlight_current()
+
+    def _highlight_current(self) -> None:
+        view = self.query_one("#conversations", ListView)
         current = self.conversation.id if self.conversation else None
-        for i, c in enumerate(convs):
-            if c.id == current:
-                view.index = i
+        view.index = next((i for i, item in enumerate(view.children) if item.name == current),
+                          None)
 
     async def open_conversation(self, conversation_id: str | None) -> None:
         """Show a conversation (None: a new, not yet saved one). A reply in flight keeps going
@@ -131,6 +135,7 @@ class ChatScreen(Screen):
         self.conversation = self.history.conversation(conversation_id) if conversation_id else None
         messages = self.query_one("#messages", VerticalScroll)
         await messages.remove_children()
+        self._highlight_current()
         if self.conversation is None:
             await self.show_welcome()
             return
@@ -151,7 +156,7 @@ class ChatScreen(Screen):
 
     async def on_input_changed(self, event: Input.Changed) -> None:
         if event.input.id == "search":
-            await self.reload_conversations(event.value)
+            await self.reload_conversations()
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         if event.input.id == "search":
@@ -162,7 +167,6 @@ class ChatScreen(Screen):
 
     async def action_new_chat(self) -> None:
         await self.open_conversation(None)
-        self.query_one("#conversations", ListView).index = None
         self.query_one("#prompt").focus()
 
     def action_rename(self) -> None:
@@ -174,7 +178,7 @@ class ChatScreen(Screen):
             if title is not None and title.strip():
                 self.history.rename(conv.id, title)
                 self.conversation = self.history.conversation(conv.id)
-                await self.reload_conversations(self.query_one("#search", Input).value)
+                await self.reload_conversations()
 
         self.app.push_screen(TextPromptScreen("Rename the conversation:", conv.title), done)
 
@@ -250,9 +254,10 @@ class ChatScreen(Screen):
         messages.scroll_end(animate=False)
         self.reply = Reply(f"r-{uuid.uuid4().hex[:12]}", conv.id, row.id, view)
         s = self.app.settings
+        seed = s.seed if s.seed is not None else secrets.randbelow(2**31)
         self.app.engine_call("generate", self.reply.request_id, chat, temperature=s.temperature,
-                             top_p=s.top_p, top_k=s.top_k, seed=s.seed if s.seed is not None else secrets.randbelow(2**31),
-                             max_tokens=s.max_tokens, system=s.system_prompt or None)
+                             top_p=s.top_p, top_k=s.top_k, seed=seed, max_tokens=s.max_tokens,
+                             system=s.system_prompt or None)
 
     async def action_stop(self) -> None:
         if self.reply is None:
