@@ -104,9 +104,9 @@ class ChatApp(App):
         await self.open_chat_or_first_run()
 
     def spec_for(self, s: Settings) -> EngineSpec:
-        return replace(self.base_spec, model=s.model or "",
-                       draft=s.draft if "draft" in s.stages else None,
-                       speculation=s.speculation, personal="personal" in s.stages)
+        return replace(self.base_spec, model=s.model or "", draft=s.draft,
+                       use_draft="draft" in s.stages, speculation=s.speculation,
+                       personal="personal" in s.stages)
 
     def start_engine(self) -> None:
         self.stop_engine()

@@ -36,6 +36,7 @@ from .format import engine_line, lead_source, stages_line
 from .widgets import MessageView, PromptInput, StatusBar
 
 CHECKPOINT_SECONDS = 1.0
+CUT_NOTES = {"length": "cut at max tokens (Ctrl+O)", "context": "the context is full"}
 WELCOME = ("Type a message and press Enter (Shift+Enter, Alt+Enter or Ctrl+J: new line). "
            "/file PATH attaches a file. Esc stops a reply. Ctrl+O: settings.")
 
@@ -337,14 +338,19 @@ class ChatScreen(Screen):
             self.show_notice(f"The engine stopped: {event.reason}. Your conversation is saved. "
                              f"Press F5 to restart it.\n{_last_lines(event.detail)}")
         elif self.reply is None or event.request_id != self.reply.request_id:
+            stale = event.request_id in self.dropped
             if isinstance(event, (Done, Error)):
                 self.dropped.discard(event.request_id)
+            if isinstance(event, Error) and not stale:
+                # a learn/forget of the personal drafter failed
+                self.app.notify(f"{event.cause}. {event.fix}", title=event.title,
+                                severity="warning", timeout=10)
         elif isinstance(event, Token):
             await self.on_token(event)
         elif isinstance(event, Done):
             self.last_stats = event.stats
             await self.finish("stopped" if event.finish_reason == "stopped" else "complete",
-                              event.text, event.stats)
+                              event.text, event.stats, CUT_NOTES.get(event.finish_reason, ""))
         elif isinstance(event, Error):
             await self.finish("error", note=event.title)
             self.show_notice(f"{event.title}: {event.cause}. {event.fix}")
