@@ -73,6 +73,7 @@ case $tool in pipx|uv) ;; *) echo "install.sh: --tool pipx or uv, not '$tool'" >
 
 # 1. the two wheels
 dist=$(mktemp -d "${TMPDIR:-/tmp}/localspec-dist.XXXX")
+trap 'rm -rf "$dist"' EXIT
 if [ "$tool" = uv ]; then run uv build --wheel --out-dir "$dist" "$root"
 else run "$py" -m build --wheel --outdir "$dist" "$root"; fi
 llama_cmd="LOCALSPEC_CUDA=$cuda PYTHON=$py $here/build-llama-wheel.sh"
@@ -109,7 +110,6 @@ else
   run uv pip install --python "$venv_py" --reinstall --no-deps "$llama"
   bin_dir=$( [ "$dry" = 1 ] && echo '<uv tool bin dir>' || uv tool dir --bin)
 fi
-rm -rf "$dist"
 
 # 3. checks and the launcher
 exe="$bin_dir/localspec"
