@@ -103,7 +103,11 @@ def ready(harness: Harness) -> bool:
 
 
 def replied(harness: Harness) -> bool:
-    return harness.chat.reply is None
+    """No reply in flight, and the screen has finished marking the last one."""
+    from localspec.app.tui.widgets import MessageView
+
+    return harness.chat.reply is None and all(v.state != "streaming"
+                                              for v in harness.chat.query(MessageView))
 
 
 __all__ = ["Done", "Ready", "Harness", "make_app", "wait_until", "type_and_send", "ready", "replied"]
