@@ -181,8 +181,8 @@ async def test_broken_model_is_an_explained_state(tiny, tmp_path, monkeypatch):
     broken.write_bytes(tiny.target_gguf.read_bytes()[:4096])
     h = make_app(tiny, tmp_path, model=str(broken))
     async with h.app.run_test(size=SIZE) as pilot:
-        await wait_until(pilot, lambda: isinstance(h.app.screen, FirstRunScreen),
-                         what="the first-run screen")
+        await wait_until(pilot, lambda: isinstance(h.app.screen, FirstRunScreen)
+                         and h.app.screen.query("#problem"), what="the first-run screen")
         problem = str(h.app.screen.query_one("#problem").render())
         assert "broken.gguf" in problem and "fix:" in problem
         assert h.app.engine is None and h.app.is_running
