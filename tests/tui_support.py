@@ -152,6 +152,9 @@ class ScriptedEngine:
     def poll(self, timeout: float | None = 0.0):
         return self._events.pop(0) if self._events else None
 
+    def inject(self, event) -> None:
+        self._events.append(event)
+
     def __getattr__(self, op: str):   # generate / stop / learn / forget
         return lambda *args, **kwargs: self.requests.append((op, args, kwargs))
 
