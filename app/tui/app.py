@@ -100,7 +100,6 @@ class ChatApp(App):
     async def on_first_run_screen_chosen(self, message: FirstRunScreen.Chosen) -> None:
         self.settings = replace(self.settings, model=message.name, draft=None)
         self.save()
-        await self.pop_screen()
         await self.open_chat_or_first_run()
 
     def spec_for(self, s: Settings) -> EngineSpec:
