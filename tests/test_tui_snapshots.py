@@ -4,6 +4,7 @@ and first run.
 Update them after an intended change with: pytest tests/test_tui_snapshots.py --snapshot-update"""
 from __future__ import annotations
 
+import pytest
 from tui_support import demo_app
 
 from localspec.app.engine_proc import Crashed
@@ -12,6 +13,12 @@ from localspec.app.settings import Settings
 from localspec.app.tui.app import ChatApp
 
 SIZE = (110, 34)
+
+
+@pytest.fixture(autouse=True)
+def no_installed_models(tmp_path, monkeypatch):
+    """Snapshots never depend on models other tests installed."""
+    monkeypatch.setenv("LOCALSPEC_DATA_DIR", str(tmp_path / "data"))
 
 
 async def _settle(pilot) -> None:
@@ -34,8 +41,7 @@ def test_settings_screen(snap_compare, tmp_path):
     assert snap_compare(app, terminal_size=SIZE, press=["ctrl+o"], run_before=_settle)
 
 
-def test_first_run_screen(snap_compare, tmp_path, monkeypatch):
-    monkeypatch.setenv("LOCALSPEC_DATA_DIR", str(tmp_path / "data"))   # no models installed
+def test_first_run_screen(snap_compare, tmp_path):
     app = ChatApp(Settings(), History.open(tmp_path / "history.sqlite"),
                   settings_file=tmp_path / "settings.json")
     assert snap_compare(app, terminal_size=SIZE, run_before=_settle)

@@ -9,9 +9,11 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widget import Widget
 from textual.screen import ModalScreen
+from textual.suggester import SuggestFromList
 from textual.widgets import Button, Checkbox, Input, Label, Static, Switch, TextArea
 
 from localspec.app.settings import STAGES, Settings
+from localspec.engine.errors import LocalspecError
 
 
 class ConfirmScreen(ModalScreen[bool]):
@@ -70,9 +72,11 @@ class SettingsScreen(ModalScreen[Settings | None]):
         s = self.settings
         with VerticalScroll(classes="dialog-box settings"):
             yield Static("Settings", classes="dialog-title")
+            names = _installed_names()
             yield from _row("Model (path or name)",
                             Input(s.model or "", id="model", compact=True,
-                                  placeholder="a name from localspec list, or a .gguf path"))
+                                  suggester=SuggestFromList(names, case_sensitive=False),
+                                  placeholder="installed: " + (", ".join(names) or "none")))
             yield from _row("Draft (empty: the model's own)",
                             Input(s.draft or "", id="draft", compact=True))
             yield from _row("Temperature (0 = greedy)",
@@ -126,3 +130,13 @@ def _row(label: str, *widgets: Widget) -> ComposeResult:
     with Horizontal(classes="setting"):
         yield Label(label)
         yield from widgets
+
+
+def _installed_names() -> list[str]:
+    """Installed models' names (localspec list), offered as the model field completes."""
+    from localspec.models import library
+
+    try:
+        return sorted(library.installed())
+    except LocalspecError:
+        return []   # an unreadable manifest: the first-run screen explains it; typing still works
