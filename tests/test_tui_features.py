@@ -196,3 +196,21 @@ class _Silent:
 
     def poll(self, timeout=0.0):
         return None
+
+
+async def test_rename_conversation(tmp_path):
+    app = demo_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        conv = app.chat.conversation
+        await pilot.press("f2")
+        field = app.screen.query_one("#answer")
+        assert field.value == conv.title
+        field.value = "  Reversing   strings "
+        await pilot.press("enter")
+        await pilot.pause()
+        assert app.history.conversation(conv.id).title == "Reversing strings"
+        sidebar = app.chat.query_one("#conversations")
+        assert str(sidebar.children[0].query_one("Label").render()) == "Reversing strings"
+        await pilot.press("f2", "escape")                     # Esc cancels
+        assert app.history.conversation(conv.id).title == "Reversing strings"
