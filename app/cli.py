@@ -15,6 +15,7 @@ from pathlib import Path
 
 from localspec.engine.errors import LocalspecError
 
+from .ask import add_ask
 from .models_cmd import add_models_commands
 from .ngram_cmd import add_ngram
 from .paths import model_path, resolve_models
@@ -46,8 +47,8 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=cmd_generate)
 
 
-def _add_model_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True,
+def _add_model_options(p: argparse.ArgumentParser, model_required: bool = True) -> None:
+    p.add_argument("--model", required=model_required,
                    help="target model: a .gguf file or an installed model's name (localspec list)")
     p.add_argument("--draft", help="draft model: a .gguf file (llama.cpp) or a transformers folder (PyTorch)")
     p.add_argument("--no-speculation", action="store_true", help="plain decoding, one token per target call")
@@ -92,14 +93,23 @@ def _open_session(args: argparse.Namespace):
 
 
 def _add_chat(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("chat", help="chat with the model in the terminal (line mode)")
-    _add_model_options(p)
+    p = sub.add_parser("chat", help="chat with the model: the Textual chat screen (--line: line mode)")
+    _add_model_options(p, model_required=False)
+    p.add_argument("--line", action="store_true",
+                   help="line-mode chat on stdin/stdout instead of the chat screen (needs --model)")
     p.set_defaults(run=cmd_chat)
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
+    if not args.line:
+        from localspec.app.tui.launch import run_chat
+
+        return run_chat(args)
     from localspec.app.repl import chat_loop
 
+    if not args.model:
+        raise LocalspecError("No model for line-mode chat", "--line needs --model",
+                             "Run: localspec chat --line --model NAME|FILE.gguf")
     sampling = _sampling(args)
     session = _open_session(args)
     try:
@@ -250,6 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _add_generate(sub)
     _add_chat(sub)
+    add_ask(sub)
     _add_bench(sub)
     _add_calibrate(sub)
     add_ngram(sub)

@@ -1,0 +1,279 @@
+"""The engine process's side of app/engine_proc.py: `python -m localspec.app.engine_main`.
+
+It reads JSON requests from stdin, one a line, and writes JSON events to its stdout, one a line.
+The first request is {"op": "open", "spec": EngineSpec}; the rest are generate / stop / learn /
+forget / exit. A thread reads stdin the whole time, so a stop reaches a running generation, which
+checks for it between rounds and closes its stream there (every generation resets the target, so
+the engine stays consistent). The protocol owns the real stdout: file descriptor 1 is pointed at
+stderr, so anything llama.cpp or a library prints lands in the stderr file the parent quotes
+after a crash. Requests run one at a time, in order; an unexpected exception is a bug and ends
+the process with its traceback on stderr (the parent reports Crashed).
+"""
+from __future__ import annotations
+
+import ctypes
+import faulthandler
+import json
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import IO
+
+import localspec.engine  # noqa: F401  (llama_cpp before numpy/torch; see engine/__init__.py)
+from localspec.engine.config import SamplingParams, TreeBudget
+from localspec.engine.errors import LocalspecError
+from localspec.engine.session import EngineConfig, Session
+
+from .engine_proc import Done, EngineSpec, Error, Ready, Token, encode_event
+from .paths import resolve_models
+
+
+class Inbox:
+    """Requests from stdin, read on a thread; stops are recorded the moment they arrive."""
+
+    def __init__(self, stream: IO[bytes]) -> None:
+        self._requests: queue.Queue[dict | None] = queue.Queue()
+        self._stopped: set[str] = set()
+        self._lock = threading.Lock()
+        self.closed = False              # stdin ended: the parent is gone or asked us to exit
+        threading.Thread(target=self._read, args=(stream,), daemon=True, name="inbox").start()
+
+    def _read(self, stream: IO[bytes]) -> None:
+        for line in stream:
+            request = json.loads(line)
+            if request.get("op") == "stop":
+                with self._lock:
+                    self._stopped.add(str(request.get("id")))
+                continue
+            if request.get("op") == "exit":
+                self.closed = True           # a running generation stops at its next round
+            self._requests.put(request)
+        self.closed = True
+        self._requests.put(None)
+
+    def get(self) -> dict | None:
+        return self._requests.get()
+
+    def stopped(self, request_id: str) -> bool:
+        with self._lock:
+            return self.closed or request_id in self._stopped
+
+    def done(self, request_id: str) -> None:
+        with self._lock:
+            self._stopped.discard(request_id)
+
+
+class Server:
+    def __init__(self, session: Session, inbox: Inbox, out: IO[str]) -> None:
+        self.session, self.inbox, self.out = session, inbox, out
+
+    def send(self, event: Ready | Token | Done | Error) -> None:
+        self.out.write(encode_event(event) + "\n")
+        self.out.flush()
+
+    def serve(self) -> None:
+        while (request := self.inbox.get()) is not None:
+            op = request.get("op")
+            if op == "exit":
+                return
+            try:
+                if op == "generate":
+                    self.generate(request)
+                elif op == "learn":
+                    self.session.learn(request["conversation"], self.session.chat_prompt(request["messages"]))
+                elif op == "forget":
+                    forget(self.session, request["conversation"])
+                else:
+                    raise LocalspecError("Unknown engine request", repr(op),
+                                         "Send generate, stop, learn, forget or exit")
+            except LocalspecError as err:   # request_id None would mean "the engine failed to load"
+                rid = request.get("id") or f"{op}:{request.get('conversation', '')}"
+                self.send(Error(str(rid), err.title, err.cause, err.fix))
+
+    def generate(self, request: dict) -> None:
+        rid = str(request["id"])
+        try:
+            tokens, sampling, max_tokens = self._parse(request)
+            self._stream(rid, tokens, sampling, max_tokens)
+        finally:
+            self.inbox.done(rid)
+
+    def _parse(self, request: dict) -> tuple[list[int], SamplingParams, int]:
+        max_tokens = request["max_tokens"]
+        if not isinstance(max_tokens, int) or max_tokens < 1:
+            raise LocalspecError("Bad max_tokens", repr(max_tokens), "Use a positive number")
+        try:
+            sampling = SamplingParams(temperature=request["temperature"], top_k=request["top_k"],
+                                      top_p=request["top_p"], seed=request["seed"])
+        except ValueError as err:
+            raise LocalspecError("Bad sampling option", str(err),
+                                 "Use temperature >= 0, 0 < top_p <= 1, top_k >= 0") from None
+        if "prompt" in request:
+            if not request["prompt"]:
+                raise LocalspecError("Empty prompt", "the prompt is empty", "Pass some text")
+            return self.session.raw_prompt(request["prompt"]), sampling, max_tokens
+        messages = _check_messages(request["messages"])
+        if request.get("system"):
+            messages = [{"role": "system", "content": request["system"]}, *messages]
+        return self.session.chat_prompt(messages), sampling, max_tokens
+
+    def _stream(self, rid: str, tokens: list[int], sampling: SamplingParams, max_tokens: int) -> None:
+        t0 = time.perf_counter()
+        pending: tuple[list[int], list[str]] = ([], [])
+
+        def observer(toks: list[int], sources: list[str]) -> None:
+            pending[0].extend(toks)
+            pending[1].extend(sources)
+
+        def flush(text: str) -> None:
+            self.send(Token(rid, text, list(pending[0]), list(pending[1])))
+            pending[0].clear()
+            pending[1].clear()
+
+        text, n_tokens = "", 0
+        stream = self.session.generate(tokens, max_tokens=max_tokens, sampling=sampling,
+                                       observer=observer)
+        while True:
+            if self.inbox.stopped(rid):
+                stream.close()
+                if pending[0]:
+                    n_tokens += len(pending[0])
+                    flush("")
+                self.send(Done(rid, "stopped", text, {"tokens": n_tokens,
+                                                      "wall_seconds": round(time.perf_counter() - t0, 4)}))
+                return
+            try:
+                piece = next(stream)
+            except StopIteration as end:
+                result = end.value
+                break
+            text += piece
+            n_tokens += len(pending[0])
+            flush(piece)
+        if pending[0]:
+            flush("")
+        self.send(Done(rid, result.finish_reason, result.text, stats_dict(result.stats)))
+
+
+def stats_dict(stats) -> dict:
+    """DecodeStats.to_dict() plus "plain_tok_s": the adaptive budget's measured plain rate."""
+    out = stats.to_dict()
+    plain = out.get("budget", {}).get("0")
+    if plain and plain.get("rounds") and plain.get("tok_s"):
+        out["plain_tok_s"] = plain["tok_s"]
+    return out
+
+
+def forget(session: Session, conversation_id: str) -> None:
+    """Forget a conversation in this vocabulary's store, even when the personal drafter is off
+    (the store then opens only if it exists: forgetting must not create one)."""
+    if session.store is not None:
+        session.store.forget("conversation", conversation_id)
+        return
+    from localspec.models.ngram_store import NgramStore, store_path, vocab_key
+
+    key = vocab_key(session.model)
+    if store_path(key).exists():
+        with NgramStore.open(key, label=session.model.path.name) as store:
+            store.forget("conversation", conversation_id)
+
+
+def _check_messages(messages: object) -> list[dict]:
+    ok = isinstance(messages, list) and messages and all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+        for m in messages)
+    if not ok:
+        raise LocalspecError("Bad chat messages", f"expected a non-empty list of "
+                             f"{{'role': str, 'content': str}}, got {str(messages)[:200]}",
+                             "Send the conversation as role/content messages")
+    return [{"role": m["role"], "content": m["content"]} for m in messages]
+
+
+def open_session(spec: EngineSpec) -> Session:
+    model, draft = resolve_models(spec.model, spec.draft)
+    return Session(EngineConfig(model=model, draft=draft if spec.use_draft else None,
+                                speculation=spec.speculation,
+                                personal=spec.personal, n_ctx=spec.n_ctx,
+                                n_gpu_layers=spec.n_gpu_layers, n_threads=spec.n_threads,
+                                budget=TreeBudget(max_nodes=spec.tree_nodes, adaptive=True)))
+
+
+def ready_event(session: Session) -> Ready:
+    model = session.model
+    layers = 0
+    device = "CPU"
+    if model.n_gpu_layers != 0:
+        gpu = gpu_name()
+        if gpu is not None:
+            blocks = model.info.metadata.get(f"{model.info.architecture}.block_count")
+            layers = model.n_gpu_layers if model.n_gpu_layers >= 0 else int(blocks or 0)
+            if blocks:
+                layers = min(layers, int(blocks))
+            device = f"GPU ({gpu})"
+    return Ready(str(model.path), str(session.cfg.draft) if session.cfg.draft else None, device,
+                 layers, [d.name for d in session.stages])
+
+
+def gpu_name() -> str | None:
+    """The first GPU ggml registered (its description, e.g. "NVIDIA H100 80GB HBM3"), or None."""
+    import llama_cpp
+
+    try:
+        lib = ctypes.CDLL(str(Path(llama_cpp.__file__).parent / "lib" / "libggml.so"))
+    except OSError:
+        return None   # another library layout: report the device as unknown, i.e. CPU
+    lib.ggml_backend_dev_count.restype = ctypes.c_size_t
+    lib.ggml_backend_dev_get.restype = ctypes.c_void_p
+    lib.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
+    lib.ggml_backend_dev_type.restype = ctypes.c_int
+    lib.ggml_backend_dev_type.argtypes = [ctypes.c_void_p]
+    lib.ggml_backend_dev_description.restype = ctypes.c_char_p
+    lib.ggml_backend_dev_description.argtypes = [ctypes.c_void_p]
+    for i in range(lib.ggml_backend_dev_count()):
+        dev = lib.ggml_backend_dev_get(i)
+        if lib.ggml_backend_dev_type(dev) in (1, 2):   # GGML_BACKEND_DEVICE_TYPE_GPU, _IGPU
+            return lib.ggml_backend_dev_description(dev).decode(errors="replace")
+    return None
+
+
+def _claim_stdout() -> IO[str]:
+    """The protocol keeps the real stdout; fd 1 now points at stderr (the parent's log file)."""
+    proto = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    return proto
+
+
+def main() -> int:
+    out = _claim_stdout()
+    faulthandler.enable()                          # a segfault leaves a Python traceback too
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C belongs to the UI
+    inbox = Inbox(sys.stdin.buffer)
+    first = inbox.get()
+    if first is None or first.get("op") != "open":
+        return 0   # the parent went away (or closed) before opening an engine
+    try:
+        session = open_session(EngineSpec(**first["spec"]))
+    except LocalspecError as err:
+        out.write(encode_event(Error(None, err.title, err.cause, err.fix)) + "\n")
+        out.flush()
+        return 0
+    server = Server(session, inbox, out)
+    try:
+        server.send(ready_event(session))
+        server.serve()
+    finally:
+        session.close()
+    return 0
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stderr.flush()
+    # Not sys.exit: the inbox thread is blocked reading stdin, and interpreter shutdown aborts on
+    # a daemon thread holding the buffered reader's lock. Everything is closed and flushed here.
+    os._exit(code)

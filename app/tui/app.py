@@ -1,0 +1,178 @@
+"""The chat application: owns the settings, the history and the engine process; shows the chat
+screen, or the first-run screen when there is no usable model.
+
+Why it is shaped so:
+
+* One builder (`ChatApp(...)`) serves `localspec chat` and the tests; the engine comes from a
+  factory, so tests pass the real `EngineProcess` with test-sized options (or a scripted one for
+  snapshots) and nothing checks whether it runs under test.
+* The engine runs in its own process (app/engine_proc.py). A timer drains its events 30 times a
+  second without blocking and hands them to the chat screen; `engine_call` is the one place that
+  sends it requests.
+* A load failure (missing, broken or mismatched model) arrives as an `Error` with no request and
+  switches to the first-run screen, which explains it. Nothing here lets a traceback through.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Callable, Protocol
+
+from textual.app import App
+
+from localspec.app.engine_proc import EngineProcess, EngineSpec, Error
+from localspec.app.history import History
+from localspec.app.settings import Settings, save_settings
+from localspec.engine.errors import LocalspecError
+
+from .chat import ChatScreen
+from .dialogs import SettingsScreen
+from .first_run import FirstRunScreen
+from .styles import CSS
+
+POLL_HZ = 30
+MAX_EVENTS_PER_TICK = 200
+
+
+class Engine(Protocol):
+    """What the app needs of an engine: app/engine_proc.EngineProcess."""
+
+    def start(self) -> None: ...
+    def restart(self) -> None: ...
+    def close(self) -> None: ...
+    def poll(self, timeout: float | None = 0.0): ...
+    def generate(self, request_id: str, messages: list[dict], **sampling) -> None: ...
+    def stop(self, request_id: str) -> None: ...
+    def learn(self, conversation_id: str, messages: list[dict]) -> None: ...
+    def forget(self, conversation_id: str) -> None: ...
+
+
+EngineFactory = Callable[[EngineSpec], Engine]
+
+
+class ChatApp(App):
+    CSS = CSS
+    TITLE = "localspec"
+    BINDINGS = [("ctrl+o", "settings", "Settings")]
+
+    def __init__(self, settings: Settings, history: History, *,
+                 engine_factory: EngineFactory = EngineProcess,
+                 engine_spec: EngineSpec | None = None,
+                 settings_file: Path | None = None,
+                 notice: LocalspecError | None = None) -> None:
+        """engine_spec: the options the settings do not hold (context size, GPU layers, threads);
+        its model/draft/speculation/personal come from the settings."""
+        super().__init__()
+        self.settings, self.history = settings, history
+        self.engine_factory, self.settings_file = engine_factory, settings_file
+        self.base_spec = engine_spec or EngineSpec(model="")
+        self.startup_notice = notice
+        self.engine: Engine | None = None
+        self.chat: ChatScreen | None = None
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+    async def on_mount(self) -> None:
+        if self.startup_notice is not None:
+            n = self.startup_notice
+            self.notify(f"{n.cause}. {n.fix}", title=n.title, severity="warning", timeout=15)
+        self.set_interval(1 / POLL_HZ, self.drain_engine)
+        await self.open_chat_or_first_run()
+
+    async def open_chat_or_first_run(self) -> None:
+        if not self.settings.model:
+            await self.show_first_run(None)
+            return
+        while isinstance(self.screen, FirstRunScreen):
+            await self.pop_screen()
+        self.chat = ChatScreen(self.history)
+        await self.push_screen(self.chat)
+        self.start_engine()
+
+    async def show_first_run(self, problem: LocalspecError | None) -> None:
+        if self.chat is not None:
+            while self.screen is not self.chat:   # a dialog above the chat goes too
+                await self.pop_screen()
+            self.chat.save_reply_in_flight()
+            await self.pop_screen()
+            self.chat = None
+        await self.push_screen(FirstRunScreen(problem))
+
+    async def on_first_run_screen_chosen(self, message: FirstRunScreen.Chosen) -> None:
+        self.settings = replace(self.settings, model=message.name, draft=None)
+        self.save()
+        await self.open_chat_or_first_run()
+
+    def spec_for(self, s: Settings) -> EngineSpec:
+        return replace(self.base_spec, model=s.model or "", draft=s.draft,
+                       use_draft="draft" in s.stages, speculation=s.speculation,
+                       personal="personal" in s.stages)
+
+    def start_engine(self) -> None:
+        self.stop_engine()
+        self.engine = self.engine_factory(self.spec_for(self.settings))
+        self.engine.start()
+
+    def restart_engine(self) -> None:
+        if self.engine is None:
+            self.start_engine()
+            return
+        if self.chat is not None:
+            self.chat.engine_state = "restarting the engine…"
+            self.chat.refresh_status()
+        self.engine.restart()
+
+    def stop_engine(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
+            self.engine = None
+
+    async def on_unmount(self) -> None:
+        if self.chat is not None:
+            self.chat.save_reply_in_flight()
+        self.stop_engine()
+
+    # ---- engine traffic -----------------------------------------------------------------------
+    def engine_call(self, op: str, *args, **kwargs) -> None:
+        """Send one request (generate / stop / learn / forget) to the engine."""
+        if self.engine is not None:
+            getattr(self.engine, op)(*args, **kwargs)
+
+    async def drain_engine(self) -> None:
+        if self.engine is None:
+            return
+        for _ in range(MAX_EVENTS_PER_TICK):
+            event = self.engine.poll()
+            if event is None:
+                return
+            if isinstance(event, Error) and event.request_id is None:
+                self.stop_engine()    # loading failed: explain it, the process has exited
+                await self.show_first_run(LocalspecError(event.title, event.cause, event.fix))
+                return
+            if self.chat is not None:
+                await self.chat.on_engine_event(event)
+
+    # ---- settings -----------------------------------------------------------------------------
+    def action_settings(self) -> None:
+        async def done(new: Settings | None) -> None:
+            if new is None:
+                return
+            old, self.settings = self.settings, new
+            self.save()
+            if self.chat is None:
+                await self.open_chat_or_first_run()
+                return
+            if self.chat.has_class("-sources") != new.show_sources:
+                self.chat.action_toggle_sources()
+            if self.spec_for(old) != self.spec_for(new):
+                self.start_engine()
+                self.chat.ready, self.chat.engine_state = None, "loading the new model…"
+                self.chat.refresh_status()
+
+        self.push_screen(SettingsScreen(self.settings), done)
+
+    def save(self) -> None:
+        try:
+            save_settings(self.settings, self.settings_file)
+        except OSError as err:
+            self.notify(f"Settings not saved: {err}", severity="error")
+

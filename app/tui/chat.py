@@ -1,0 +1,421 @@
+"""The chat screen: conversations on the left, the messages, the prompt, the speculation status.
+
+Why it is shaped so:
+
+* **The history is written first, the screen follows.** A user message is committed before it
+  is sent to the engine; a reply row exists (``streaming``) before its first token, its text is
+  checkpointed about once a second, and it is committed ``complete`` / ``stopped`` / ``error``
+  before its header says so. A kill -9 at any moment loses nothing already shown as saved.
+* **Esc stops at once.** The reply is finished as ``stopped`` with the text shown so far the moment
+  the key is pressed; the engine is told to stop, and its remaining events for that request are
+  dropped (each generation resets the target, so the engine's state stays consistent).
+* **The engine is an event source.** The app drains `EngineProcess.poll()` on a timer and hands
+  each event to `on_engine_event`; nothing here blocks. An engine crash finishes the reply in
+  flight as ``error`` (its text kept) and offers a restart; the conversation is untouched.
+"""
+from __future__ import annotations
+
+import secrets
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.screen import Screen
+from textual.widgets import Footer, Input, Label, ListItem, ListView, Static
+
+from localspec.app.engine_proc import Crashed, Done, Error, Ready, Token
+from localspec.app.history import DEFAULT_TITLE, Conversation, History, Message
+from localspec.engine.errors import LocalspecError
+
+from .attach import code_blocks, expand_attachments
+from .dialogs import ConfirmScreen, TextPromptScreen
+from .format import engine_line, lead_source, stages_line
+from .widgets import MessageView, PromptInput, StatusBar
+
+CHECKPOINT_SECONDS = 1.0
+CUT_NOTES = {"length": "cut at max tokens (Ctrl+O)", "context": "the context is full"}
+WELCOME = ("Type a message and press Enter (Shift+Enter, Alt+Enter or Ctrl+J: new line). "
+           "/file PATH attaches a file. Esc stops a reply. Ctrl+O: settings.")
+
+
+@dataclass
+class Reply:
+    """The reply being generated."""
+
+    request_id: str
+    conversation_id: str
+    message_id: int
+    view: MessageView | None          # None once the user switched to another conversation
+    text: str = ""
+    segments: list[tuple[str, str]] = field(default_factory=list)
+    saved_at: float = field(default_factory=time.monotonic)
+
+
+class ChatScreen(Screen):
+    BINDINGS = [
+        # priority: these win over the prompt's own keys (its Ctrl+E, Ctrl+D, Ctrl+Y)
+        Binding("escape", "stop", "Stop", priority=True),
+        Binding("ctrl+n", "new_chat", "New", priority=True),
+        Binding("ctrl+r", "retry", "Retry", priority=True),
+        Binding("ctrl+e", "edit_last", "Edit", priority=True),
+        Binding("ctrl+y", "copy_code", "Copy code", priority=True),
+        Binding("ctrl+t", "toggle_sources", "Colours", priority=True),
+        Binding("ctrl+o", "app.settings", "Settings", priority=True),
+        Binding("f2", "rename", "Rename", priority=True),
+        Binding("ctrl+d", "delete", "Delete", priority=True),
+        Binding("ctrl+f", "search", "Search", priority=True),
+        Binding("f5", "restart_engine", "Restart", priority=True),
+        Binding("ctrl+q", "app.quit", "Quit", priority=True),
+    ]
+
+    def __init__(self, history: History) -> None:
+        super().__init__(id="chat")
+        self.history = history
+        self.conversation: Conversation | None = None
+        self.reply: Reply | None = None
+        self.dropped: set[str] = set()            # stopped requests whose late events are ignored
+        self.editing_seq: int | None = None        # Ctrl+E: the user message being rewritten
+        self.ready: Ready | None = None
+        self.engine_state = "starting the engine…"
+        self.last_stats: dict | None = None
+
+    # ---- layout -------------------------------------------------------------------------------
+    def compose(self) -> ComposeResult:
+        with Horizontal(id="body"):
+            with Vertical(id="sidebar"):
+                yield Input(placeholder="Search (Ctrl+F)", id="search")
+                yield ListView(id="conversations")
+            with Vertical(id="main"):
+                yield VerticalScroll(id="messages")
+                yield Static("", id="notice")
+                yield PromptInput(id="prompt", soft_wrap=True, show_line_numbers=False)
+        yield StatusBar(id="status")
+        yield Footer(compact=True, show_command_palette=False)
+
+    async def on_mount(self) -> None:
+        if self.app.settings.show_sources:
+            self.add_class("-sources")
+        self.refresh_status()
+        await self.reload_conversations()
+        convs = self.history.conversations()
+        if convs:
+            await self.open_conversation(convs[0].id)
+        else:
+            await self.show_welcome()
+        self.query_one("#prompt").focus()
+
+    async def show_welcome(self) -> None:
+        messages = self.query_one("#messages", VerticalScroll)
+        await messages.remove_children()
+        await messages.mount(Static(WELCOME, classes="welcome"))
+
+    # ---- conversations ------------------------------------------------------------------------
+    async def reload_conversations(self) -> None:
+        """The sidebar: every conversation, or those matching the search box."""
+        view = self.query_one("#conversations", ListView)
+        await view.clear()
+        await view.extend(ListItem(Label(c.title), name=c.id)
+                          for c in self.history.search(self.query_one("#search", Input).value))
+        self._highlight_current()
+
+    def _highlight_current(self) -> None:
+        view = self.query_one("#conversations", ListView)
+        current = self.conversation.id if self.conversation else None
+        view.index = next((i for i, item in enumerate(view.children) if item.name == current),
+                          None)
+
+    async def open_conversation(self, conversation_id: str | None) -> None:
+        """Show a conversation (None: a new, not yet saved one). A reply in flight keeps going
+        into its own conversation's history."""
+        if self.reply is not None:
+            self.reply.view = None
+        self.editing_seq = None
+        self.conversation = self.history.conversation(conversation_id) if conversation_id else None
+        messages = self.query_one("#messages", VerticalScroll)
+        await messages.remove_children()
+        self._highlight_current()
+        if self.conversation is None:
+            await self.show_welcome()
+            return
+        rows = self.history.messages(self.conversation.id)
+        views = [MessageView(m.role, m.content, m.state, m.segments, m.stats) for m in rows]
+        self.last_stats = next((m.stats for m in reversed(rows) if m.stats), None)
+        self.refresh_status()
+        if self.reply is not None and self.reply.conversation_id == self.conversation.id:
+            views[-1] = self.reply.view = MessageView("assistant", self.reply.text, "streaming",
+                                                      self.reply.segments)
+        await messages.mount_all(views)
+        messages.scroll_end(animate=False)
+
+    async def on_list_view_selected(self, event: ListView.Selected) -> None:
+        if event.list_view.id == "conversations" and event.item.name:
+            await self.open_conversation(event.item.name)
+            self.query_one("#prompt").focus()
+
+    async def on_input_changed(self, event: Input.Changed) -> None:
+        if event.input.id == "search":
+            await self.reload_conversations()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        if event.input.id == "search":
+            self.query_one("#conversations", ListView).focus()
+
+    def action_search(self) -> None:
+        self.query_one("#search", Input).focus()
+
+    async def action_new_chat(self) -> None:
+        await self.open_conversation(None)
+        self.query_one("#prompt").focus()
+
+    def action_rename(self) -> None:
+        if self.conversation is None:
+            return
+        conv = self.conversation
+
+        async def done(title: str | None) -> None:
+            if title is not None and title.strip():
+                self.history.rename(conv.id, title)
+                self.conversation = self.history.conversation(conv.id)
+                await self.reload_conversations()
+
+        self.app.push_screen(TextPromptScreen("Rename the conversation:", conv.title), done)
+
+    def action_delete(self) -> None:
+        if self.conversation is None:
+            return
+        conv = self.conversation
+
+        async def done(yes: bool | None) -> None:
+            if yes:
+                await self.delete_conversation(conv.id)
+
+        self.app.push_screen(ConfirmScreen(f"Delete '{conv.title}' and forget it everywhere, "
+                                           "also in the personal drafter?"), done)
+
+    async def delete_conversation(self, conversation_id: str) -> None:
+        if self.reply is not None and self.reply.conversation_id == conversation_id:
+            self.app.engine_call("stop", self.reply.request_id)
+            self.dropped.add(self.reply.request_id)
+            self.reply = None
+        self.history.delete(conversation_id)
+        self.app.engine_call("forget", conversation_id)
+        await self.reload_conversations()
+        convs = self.history.conversations()
+        await self.open_conversation(convs[0].id if convs else None)
+        self.app.notify("Conversation deleted and forgotten by the personal drafter.")
+
+    # ---- sending ------------------------------------------------------------------------------
+    async def on_prompt_input_submitted(self, event: PromptInput.Submitted) -> None:
+        text = event.text.strip()
+        if not text:
+            return
+        if text.startswith("/copy"):
+            self.copy_code(text.removeprefix("/copy").strip())
+            self.query_one("#prompt", PromptInput).clear()
+            return
+        if self.reply is not None:
+            self.app.notify("A reply is still being written: Esc stops it.", severity="warning")
+            return
+        try:
+            content = expand_attachments(text)
+        except LocalspecError as err:
+            self.show_notice(f"{err.title}: {err.cause}. {err.fix}")
+            return
+        self.show_notice("")
+        self.query_one("#prompt", PromptInput).clear()
+        await self.send(content)
+
+    async def send(self, content: str) -> None:
+        if self.conversation is None:
+            self.conversation = self.history.new_conversation(_title_from(content))
+            await self.query_one("#messages", VerticalScroll).remove_children()
+            await self.reload_conversations()
+        elif self.editing_seq is not None:
+            self.history.truncate(self.conversation.id, self.editing_seq)
+            await self.open_conversation(self.conversation.id)
+        self.editing_seq = None
+        if self.conversation.title == DEFAULT_TITLE:
+            self.history.rename(self.conversation.id, _title_from(content))
+            await self.reload_conversations()
+        self.history.add_message(self.conversation.id, "user", content)   # committed first
+        await self.query_one("#messages", VerticalScroll).mount(MessageView("user", content))
+        await self.generate()
+
+    async def generate(self) -> None:
+        """Reply to the conversation as stored."""
+        conv = self.conversation
+        chat = [m.as_chat() for m in self.history.messages(conv.id) if m.content]
+        row = self.history.begin_reply(conv.id)
+        view = MessageView("assistant", "", "streaming")
+        messages = self.query_one("#messages", VerticalScroll)
+        await messages.mount(view)
+        messages.scroll_end(animate=False)
+        self.reply = Reply(f"r-{uuid.uuid4().hex[:12]}", conv.id, row.id, view)
+        s = self.app.settings
+        seed = s.seed if s.seed is not None else secrets.randbelow(2**31)
+        self.app.engine_call("generate", self.reply.request_id, chat, temperature=s.temperature,
+                             top_p=s.top_p, top_k=s.top_k, seed=seed, max_tokens=s.max_tokens,
+                             system=s.system_prompt or None)
+
+    async def action_stop(self) -> None:
+        if self.reply is None:
+            if self.editing_seq is not None:
+                self.editing_seq = None
+                self.query_one("#prompt", PromptInput).clear()
+                self.show_notice("")
+            return
+        self.app.engine_call("stop", self.reply.request_id)
+        self.dropped.add(self.reply.request_id)
+        await self.finish("stopped")
+
+    async def action_retry(self) -> None:
+        last = self._last_message()
+        if self.reply is not None or last is None:
+            return
+        if last.role == "assistant":
+            self.history.truncate(last.conversation_id, last.seq)
+        await self.open_conversation(last.conversation_id)
+        await self.generate()
+
+    def action_edit_last(self) -> None:
+        if self.reply is not None or self.conversation is None:
+            return
+        users = [m for m in self.history.messages(self.conversation.id) if m.role == "user"]
+        if not users:
+            return
+        self.editing_seq = users[-1].seq
+        prompt = self.query_one("#prompt", PromptInput)
+        prompt.text = users[-1].content
+        prompt.focus()
+        self.show_notice("Editing your last message: Enter resends it (and drops what followed), "
+                         "Esc cancels.")
+
+    def action_copy_code(self) -> None:
+        self.copy_code("")
+
+    def copy_code(self, which: str) -> None:
+        """Copy the last reply's code block number `which` (1-based; default the last one)."""
+        last = next((m for m in reversed(self.history.messages(self.conversation.id))
+                     if m.role == "assistant"), None) if self.conversation else None
+        blocks = code_blocks(last.content) if last else []
+        if not blocks:
+            self.app.notify("The last reply has no code block.", severity="warning")
+            return
+        try:
+            n = int(which) if which else len(blocks)
+            code = blocks[n - 1]
+            if n < 1:
+                raise IndexError
+        except (ValueError, IndexError):
+            self.app.notify(f"Use /copy N with N from 1 to {len(blocks)}.", severity="warning")
+            return
+        self.app.copy_to_clipboard(code)
+        self.app.notify(f"Copied code block {n} of {len(blocks)} ({len(code.splitlines())} lines).")
+
+    def action_toggle_sources(self) -> None:
+        self.toggle_class("-sources")
+        for view in self.query(MessageView):
+            view.refresh_sources()
+        self.refresh_status()
+
+    def action_restart_engine(self) -> None:
+        self.app.restart_engine()
+
+    # ---- engine events ------------------------------------------------------------------------
+    async def on_engine_event(self, event) -> None:
+        if isinstance(event, Ready):
+            self.ready, self.engine_state = event, ""
+            self.show_notice("")
+            self.refresh_status()
+        elif isinstance(event, Crashed):
+            self.ready, self.engine_state = None, "engine stopped"
+            self.refresh_status()
+            if self.reply is not None:
+                await self.finish("error", note="engine crashed")
+            self.show_notice(f"The engine stopped: {event.reason}. Your conversation is saved. "
+                             f"Press F5 to restart it.\n{_last_lines(event.detail)}")
+        elif self.reply is None or event.request_id != self.reply.request_id:
+            stale = event.request_id in self.dropped
+            if isinstance(event, (Done, Error)):
+                self.dropped.discard(event.request_id)
+            if isinstance(event, Error) and not stale:
+                # a learn/forget of the personal drafter failed
+                self.app.notify(f"{event.cause}. {event.fix}", title=event.title,
+                                severity="warning", timeout=10)
+        elif isinstance(event, Token):
+            await self.on_token(event)
+        elif isinstance(event, Done):
+            self.last_stats = event.stats
+            await self.finish("stopped" if event.finish_reason == "stopped" else "complete",
+                              event.text, event.stats, CUT_NOTES.get(event.finish_reason, ""))
+        elif isinstance(event, Error):
+            await self.finish("error", note=event.title)
+            self.show_notice(f"{event.title}: {event.cause}. {event.fix}")
+
+    async def on_token(self, event: Token) -> None:
+        reply = self.reply
+        if not event.text:
+            return
+        source = lead_source(event.sources)
+        reply.text += event.text
+        reply.segments.append((event.text, source))
+        if reply.view is not None:
+            await reply.view.append(event.text, source)
+            if reply.view.is_attached:
+                self.query_one("#messages", VerticalScroll).scroll_end(animate=False)
+        if time.monotonic() - reply.saved_at > CHECKPOINT_SECONDS:
+            self.history.checkpoint(reply.message_id, reply.text, reply.segments)
+            reply.saved_at = time.monotonic()
+
+    async def finish(self, state: str, text: str | None = None, stats: dict | None = None,
+                     note: str = "") -> None:
+        """Commit the reply, then mark it finished on screen; a complete exchange is learnt."""
+        reply, self.reply = self.reply, None
+        content = text if text is not None and state == "complete" else reply.text
+        segments = reply.segments if content == reply.text else None
+        self.history.finish_reply(reply.message_id, content, state, stats, segments)
+        if reply.view is not None:
+            await reply.view.finish(state, content, stats, note)
+        if state == "complete":
+            chat = [m.as_chat() for m in self.history.messages(reply.conversation_id) if m.content]
+            self.app.engine_call("learn", reply.conversation_id, chat)
+        if stats:
+            self.refresh_status()
+
+    def save_reply_in_flight(self) -> None:
+        """Leaving (quit, or the model failed): the reply in flight is kept, marked stopped."""
+        reply, self.reply = self.reply, None
+        if reply is not None:
+            self.app.engine_call("stop", reply.request_id)
+            self.history.finish_reply(reply.message_id, reply.text, "stopped", None, reply.segments)
+
+    # ---- helpers ------------------------------------------------------------------------------
+    def refresh_status(self) -> None:
+        r = self.ready
+        line = engine_line(r.model if r else None, r.draft if r else None, r.device if r else None,
+                           r.gpu_layers if r else 0, self.engine_state)
+        self.query_one("#status", StatusBar).show(line, stages_line(r.stages if r else None),
+                                                  self.last_stats, self.has_class("-sources"))
+
+    def show_notice(self, text: str) -> None:
+        notice = self.query_one("#notice", Static)
+        notice.update(text)
+        notice.display = bool(text)
+
+    def _last_message(self) -> Message | None:
+        if self.conversation is None:
+            return None
+        rows = self.history.messages(self.conversation.id)
+        return rows[-1] if rows else None
+
+
+def _title_from(content: str) -> str:
+    first = content.strip().splitlines()[0] if content.strip() else DEFAULT_TITLE
+    return first[:40] + ("…" if len(first) > 40 else "")
+
+
+def _last_lines(detail: str, n: int = 3) -> str:
+    return "\n".join(detail.strip().splitlines()[-n:])

@@ -1,0 +1,79 @@
+"""The screen shown when there is no usable model: what is wrong, how to get one, what is installed.
+
+A missing, unconfigured or broken model is an explained state here, never a traceback: the
+screen names the problem (title, cause, fix), explains `localspec pull` and `localspec import`,
+and lists installed models; choosing one saves it as the chat's model.
+"""
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.message import Message
+from textual.screen import Screen
+from textual.widgets import Footer, Label, ListItem, ListView, Static
+
+from localspec.engine.errors import LocalspecError
+
+INTRO = """\
+[b]localspec[/b] chats with a model on this machine. Nothing leaves it.
+
+Get a model in one of two ways, in another terminal:
+
+  [b]localspec pull NAME[/b]                  download a known model pair (the only network use)
+  [b]localspec import NAME FILE.gguf[/b] [--draft DRAFT.gguf]   register GGUF files you already have
+
+Then pick it below, or start [b]localspec chat --model NAME|FILE.gguf[/b].
+"""
+
+
+class FirstRunScreen(Screen):
+    BINDINGS = [Binding("r", "rescan", "Rescan models"), Binding("ctrl+q", "app.quit", "Quit")]
+
+    class Chosen(Message):
+        def __init__(self, name: str) -> None:
+            super().__init__()
+            self.name = name
+
+    def __init__(self, problem: LocalspecError | None) -> None:
+        super().__init__(id="first-run")
+        self.problem = problem
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="first-run"):
+            if self.problem is not None:
+                yield Static(f"[b red]{self.problem.title}[/]\n  cause: {self.problem.cause}\n"
+                             f"  fix:   {self.problem.fix}", id="problem", markup=True)
+            else:
+                yield Static("[b]No model is set up yet.[/b]", id="problem", markup=True)
+            yield Static(INTRO, markup=True, classes="intro")
+            yield Label("Installed models (Enter picks one):", classes="models-title")
+            yield ListView(id="models")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.action_rescan()
+
+    def action_rescan(self) -> None:
+        from localspec.models import library
+
+        view = self.query_one("#models", ListView)
+        view.clear()
+        try:
+            rows = library.list_models()
+        except LocalspecError as err:
+            view.append(ListItem(Label(f"{err.title}: {err.cause}. {err.fix}")))
+            return
+        if not rows:
+            view.append(ListItem(Label("(none: localspec list is empty)"), disabled=True))
+        for row in rows:
+            m = row.model
+            draft = f" + draft {m.draft.path.name}" if m.draft else ""
+            missing = "  MISSING FILES" if row.missing else ""
+            view.append(ListItem(Label(f"{m.name}  {m.size / 1e6:,.1f} MB  {m.quantization}  "
+                                       f"{row.fit}{draft}{missing}"), name=m.name,
+                                 disabled=bool(row.missing)))
+
+    def on_list_view_selected(self, event: ListView.Selected) -> None:
+        if event.item.name:
+            self.post_message(self.Chosen(event.item.name))

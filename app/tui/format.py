@@ -1,0 +1,73 @@
+"""Text the chat shows about speculation and engine state, as pure functions of plain data
+(the engine's events and DecodeStats.to_dict()), so they are tested without a terminal."""
+from __future__ import annotations
+
+from pathlib import Path
+
+# How a message ended: (mark, style). "complete" has no mark.
+STATE_MARKS = {
+    "streaming": ("● streaming", "yellow"),
+    "stopped": ("■ stopped", "yellow"),
+    "partial": ("… interrupted (partial)", "yellow"),
+    "error": ("✖ failed", "red"),
+}
+_SOURCE_STYLES = {"target": "", "maxgram": "bold green", "personal-ngram": "bold magenta"}
+DRAFT_STYLE = "bold cyan"      # any model drafter (its name is the draft file's)
+
+
+def source_style(source: str) -> str:
+    return _SOURCE_STYLES.get(source, DRAFT_STYLE)
+
+
+def lead_source(sources: list[str]) -> str:
+    """The proposer a streamed piece is coloured by: the drafter that proposed most of its tokens,
+    else "target". Pieces are one verification round; per-token text is not sent by the engine."""
+    drafted = [s for s in sources if s != "target"]
+    if not drafted:
+        return "target"
+    return max(dict.fromkeys(drafted), key=drafted.count)
+
+
+def engine_line(model: str | None, draft: str | None, device: str | None, gpu_layers: int,
+                state: str) -> str:
+    """'target.gguf + draft.gguf · GPU (name), 28 layers offloaded', or the engine's state."""
+    if model is None:
+        return state
+    name = Path(model).name + (f" + {Path(draft).name}" if draft else "")
+    where = device or "?"
+    if gpu_layers:
+        where += f", {gpu_layers} layers offloaded"
+    return f"{name} · {where}" + (f" · {state}" if state else "")
+
+
+def stages_line(stages: list[str] | None) -> str:
+    if stages is None:
+        return ""
+    return "drafters: " + ", ".join(_short(s) for s in stages) if stages else "plain decoding"
+
+
+def speculation_summary(stats: dict, per_drafter: bool = False, brief: bool = False) -> str:
+    """'23.1 tok/s · 2.40 tok/call · 1.6× vs plain · maxgram 71% draft 64%' from a reply's stats."""
+    parts = []
+    tok_s = stats.get("tokens_per_second")
+    if tok_s:
+        parts.append(f"{tok_s:.1f} tok/s")
+    elif stats.get("wall_seconds") and stats.get("tokens"):
+        parts.append(f"{stats['tokens'] / stats['wall_seconds']:.1f} tok/s")
+    if stats.get("tokens_per_call"):
+        parts.append(f"{stats['tokens_per_call']:.2f} tok/call")
+    plain = stats.get("plain_tok_s")
+    if brief:
+        return " · ".join(parts)
+    if tok_s and plain:
+        parts.append(f"{tok_s / plain:.2f}× vs plain")
+    if per_drafter:
+        rates = [f"{_short(s['name'])} {100 * s['acceptance']:.0f}%"
+                 for s in stats.get("stages", []) if s.get("proposed")]
+        if rates:
+            parts.append("accepted " + " ".join(rates))
+    return " · ".join(parts) if parts else f"{stats.get('tokens', 0)} tokens"
+
+
+def _short(stage: str) -> str:
+    return Path(stage).stem if stage.endswith(".gguf") else stage

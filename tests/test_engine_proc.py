@@ -1,0 +1,252 @@
+"""The engine process (app/engine_proc.py) on the tiny real models: what the UI relies on.
+
+Streams equal the in-process engine's output; a stop ends a reply at once and leaves the engine
+consistent; a killed engine is reported, not fatal, and restarts; a missing model is an Error;
+learn/forget reach the personal n-gram store.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import struct
+import time
+from pathlib import Path
+
+import pytest
+
+from localspec.app.engine_proc import (CLOSE_GRACE, Crashed, Done, EngineProcess, EngineSpec,
+                                       Error, Ready, Token, telling_line, wait_for)
+from localspec.engine.session import EngineConfig, Session
+from localspec.models.ngram_store import NgramStore, store_paths
+
+CHAT = [{"role": "user", "content": "Write a function that returns the largest number in a list."}]
+RAW = "class Stack:\n"
+# Near-uniform sampling: long replies (an end token is ~1 in 250 draws), so a stop or a kill
+# lands mid-reply.
+WILD = dict(temperature=50.0, top_k=0, top_p=1.0, max_tokens=1500)
+
+
+@pytest.fixture()
+def engine(tiny):
+    proc = EngineProcess(EngineSpec(model=str(tiny.target_gguf), draft=str(tiny.draft_gguf), n_ctx=2048))
+    proc.start()
+    yield proc
+    proc.close()
+
+
+@pytest.fixture(scope="module")
+def expected(tiny):
+    """In-process greedy replies of the same target: (chat text, chat tokens, raw text)."""
+    session = Session(EngineConfig(model=tiny.target_gguf, speculation=False, n_ctx=2048))
+    try:
+        chat = session.run(session.chat_prompt(CHAT), max_tokens=64)
+        raw = session.run(session.raw_prompt(RAW), max_tokens=64)
+    finally:
+        session.close()
+    return chat.text, chat.tokens, raw.text
+
+
+def ready(engine: EngineProcess) -> Ready:
+    events = wait_for(engine, (Ready, Error), timeout=120)
+    assert isinstance(events[-1], Ready), events
+    return events[-1]
+
+
+def reply(engine: EngineProcess, request_id: str) -> tuple[list[Token], Done]:
+    events = wait_for(engine, (Done, Error), timeout=120)
+    assert isinstance(events[-1], Done), events
+    tokens = [e for e in events if isinstance(e, Token)]
+    assert all(t.request_id == request_id for t in tokens)
+    return tokens, events[-1]
+
+
+def test_streams_equal_the_in_process_engine(engine, tiny, expected):
+    info = ready(engine)
+    assert info.device == "CPU" and info.gpu_layers == 0
+    assert info.model == str(tiny.target_gguf) and info.draft == str(tiny.draft_gguf)
+    assert info.stages == ["maxgram", "personal-ngram", "gguf-draft"]
+
+    engine.generate("c1", CHAT, max_tokens=64)
+    tokens, done = reply(engine, "c1")
+    assert "".join(t.text for t in tokens) == done.text == expected[0]
+    assert [i for t in tokens for i in t.tokens] == expected[1]
+    assert all(len(t.sources) == len(t.tokens) for t in tokens)
+    assert {s for t in tokens for s in t.sources} <= {"target", *info.stages}
+    assert done.finish_reason == "stop" and done.stats["tokens"] == len(expected[1])
+    assert done.stats["stages"] and "budget" in done.stats
+
+    engine.generate_raw("r1", RAW, max_tokens=64)
+    tokens, done = reply(engine, "r1")
+    assert "".join(t.text for t in tokens) == done.text == expected[2]
+
+    engine.generate("bad", CHAT, temperature=-1.0)        # a bad request: an Error, engine lives on
+    (error,) = wait_for(engine, (Error,), timeout=60)
+    assert error.request_id == "bad" and error.title == "Bad sampling option" and engine.alive
+
+
+def test_stop_ends_a_reply_quickly_and_keeps_the_engine_consistent(engine, expected):
+    ready(engine)
+    for seed in range(5):   # a sampled reply may end by itself before the stop lands: try again
+        engine.generate_raw(f"long{seed}", RAW, seed=seed, **WILD)
+        first = wait_for(engine, (Token, Done), timeout=60)[-1]
+        asked = time.monotonic()
+        engine.stop(f"long{seed}")
+        events = wait_for(engine, (Done,), timeout=60)
+        done = events[-1]
+        if done.finish_reason == "stopped":
+            break
+    assert done.finish_reason == "stopped", "every sampled reply ended before its stop"
+    assert time.monotonic() - asked < 5.0
+    streamed = first.text + "".join(e.text for e in events if isinstance(e, Token))
+    assert done.text == streamed and done.stats["tokens"] >= 1
+
+    engine.generate_raw("after", RAW, max_tokens=64)
+    _, done = reply(engine, "after")
+    assert done.text == expected[2]
+
+    engine.generate_raw("running", RAW, **WILD)      # a stop for a queued request: it never runs
+    engine.generate_raw("queued", RAW, max_tokens=64)
+    engine.stop("queued")
+    engine.stop("running")
+    dones = {}
+    while len(dones) < 2:
+        event = wait_for(engine, (Done,), timeout=60)[-1]
+        dones[event.request_id] = event
+    assert dones["queued"].finish_reason == "stopped" and dones["queued"].text == ""
+    assert dones["running"].finish_reason in ("stopped", "stop")
+
+
+def test_close_stops_a_running_reply_and_exits_cleanly(engine):
+    ready(engine)
+    engine.generate_raw("long", RAW, **WILD)
+    wait_for(engine, (Token, Done), timeout=60)
+    t0 = time.monotonic()
+    engine.close()
+    assert time.monotonic() - t0 < CLOSE_GRACE / 2 and not engine.alive   # not killed at the grace
+    engine.close()                                                         # idempotent
+    assert not [e for e in engine.events() if isinstance(e, (Crashed, Error))]
+
+
+def test_a_killed_engine_is_reported_and_restarts(engine, expected):
+    ready(engine)
+    engine.generate_raw("doomed", RAW, **WILD)
+    wait_for(engine, (Token, Done), timeout=60)
+    os.kill(engine.pid, signal.SIGKILL)
+    crash = wait_for(engine, (Crashed,), timeout=60)[-1]
+    assert isinstance(crash, Crashed) and crash.exitcode == -signal.SIGKILL
+    assert "SIGKILL" in crash.reason and not engine.alive
+
+    engine.generate("lost", CHAT)                 # while down: an Error, not a hang
+    assert wait_for(engine, (Error,), timeout=5)[-1].request_id == "lost"
+
+    engine.restart()
+    ready(engine)
+    engine.generate_raw("again", RAW, max_tokens=64)
+    _, done = reply(engine, "again")
+    assert done.text == expected[2]
+
+    os.kill(engine.pid, signal.SIGABRT)           # what a GGML_ASSERT does: stderr is quoted
+    crash = wait_for(engine, (Crashed,), timeout=60)[-1]
+    assert crash.exitcode == -signal.SIGABRT and "Fatal Python error: Aborted" in crash.detail
+
+
+def patched_gguf(src: Path, dst: Path, key: str, value: int) -> Path:
+    """A copy of a GGUF with one uint32 metadata value replaced (same size, so it passes the
+    file checks and reaches llama.cpp)."""
+    data = bytearray(src.read_bytes())
+    name = key.encode()
+    at = data.find(struct.pack("<Q", len(name)) + name)
+    assert at >= 0, key
+    at += 8 + len(name)
+    assert struct.unpack_from("<I", data, at)[0] == 4   # GGUF_TYPE_UINT32
+    struct.pack_into("<I", data, at + 4, value)
+    dst.write_bytes(data)
+    return dst
+
+
+def test_an_abort_inside_llama_cpp_is_reported_and_restart_still_works(tiny, tmp_path):
+    """block_count 0 passes the GGUF checks and trips a GGML_ASSERT, which aborts the process."""
+    bad = patched_gguf(Path(tiny.target_gguf), tmp_path / "bad.gguf", "qwen2.block_count", 0)
+    engine = EngineProcess(EngineSpec(model=str(bad), speculation=False, n_ctx=512))
+    engine.start()
+    try:
+        crash = wait_for(engine, (Ready, Error), timeout=120)[-1]
+        assert isinstance(crash, Crashed) and crash.exitcode == -signal.SIGABRT
+        assert crash.cause.startswith("GGML_ASSERT(") and "GGML_ASSERT" in crash.reason
+        assert "llama_model.py" in crash.detail       # faulthandler's Python traceback
+    finally:
+        engine.close()
+
+
+def test_telling_line_picks_why_it_died():
+    assert telling_line("x\n/src/ggml.c:12: GGML_ASSERT(a > 0) failed\nFatal Python error: Aborted\n"
+                        "  File x") == "GGML_ASSERT(a > 0) failed"
+    assert telling_line("CUDA error: out of memory\n  current device: 0") == "CUDA error: out of memory"
+    assert telling_line("Traceback (most recent call last):\n  File 'a', line 1\nKeyError: 'x'\n") \
+        == "KeyError: 'x'"
+    assert telling_line("just noise\n") == ""
+
+
+def test_use_draft_false_loads_no_draft_model(tiny):
+    engine = EngineProcess(EngineSpec(model=str(tiny.target_gguf), draft=str(tiny.draft_gguf),
+                                      use_draft=False, personal=False, n_ctx=512))
+    engine.start()
+    try:
+        assert ready(engine).stages == ["maxgram"]
+    finally:
+        engine.close()
+
+
+def test_missing_model_is_an_error_not_a_crash(tmp_path):
+    engine = EngineProcess(EngineSpec(model=str(tmp_path / "nope.gguf")))
+    engine.start()
+    try:
+        error = wait_for(engine, (Error,), timeout=120)[-1]
+        assert isinstance(error, Error) and error.request_id is None
+        assert error.title == "Model not found" and ".gguf" in error.fix
+        deadline = time.monotonic() + 30
+        while engine.alive and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not engine.alive and engine.poll() is None   # exited cleanly: no Crashed
+    finally:
+        engine.close()
+
+
+def _conversation_rows(name: str) -> int:
+    total = 0
+    for path in store_paths():
+        with NgramStore.open_existing(path) as store:
+            total += sum(s.n_ngrams for s in store.info().sources
+                         if (s.kind, s.name) == ("conversation", name))
+    return total
+
+
+def test_learn_then_forget_changes_the_store(engine):
+    ready(engine)
+    name = f"conv-{os.getpid()}-{time.time_ns()}"
+    engine.learn(name, CHAT + [{"role": "assistant", "content": "def largest(xs): return max(xs)"}])
+    engine.generate_raw("barrier1", RAW, max_tokens=4)    # requests run in order
+    reply(engine, "barrier1")
+    assert _conversation_rows(name) > 0
+    engine.forget(name)
+    engine.generate_raw("barrier2", RAW, max_tokens=4)
+    reply(engine, "barrier2")
+    assert _conversation_rows(name) == 0
+
+
+def test_forget_reaches_the_store_with_the_personal_drafter_off(engine, tiny):
+    ready(engine)
+    name = f"conv-{os.getpid()}-{time.time_ns()}"
+    engine.learn(name, CHAT + [{"role": "assistant", "content": "def largest(xs): return max(xs)"}])
+    engine.close()                                     # runs what it was sent, then exits
+    assert _conversation_rows(name) > 0
+    off = EngineProcess(EngineSpec(model=str(tiny.target_gguf), personal=False, n_ctx=512))
+    off.forget(name)                                   # sent while down: runs once it is up
+    off.start()
+    try:
+        assert "personal-ngram" not in ready(off).stages
+        off.generate_raw("barrier", RAW, max_tokens=4)
+        reply(off, "barrier")
+        assert _conversation_rows(name) == 0
+    finally:
+        off.close()

@@ -1,0 +1,216 @@
+"""Pilot tests of the chat's other features: retry and edit-last on the tiny real model; /file,
+code-block copy, token colouring, settings, and the first-run screen (scripted engine or none)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from tui_support import (DEMO_REPLY, demo_app, make_app, ready, replied, type_and_send,
+                         wait_until)
+
+from localspec.app.history import History
+from localspec.app.settings import Settings, load_settings
+from localspec.app.tui.app import ChatApp
+from localspec.app.tui.attach import code_blocks
+from localspec.app.tui.first_run import FirstRunScreen
+from localspec.app.tui.widgets import MessageView
+from localspec.models import library
+
+SIZE = (110, 34)
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+async def test_retry_and_edit_last(tiny, tmp_path, monkeypatch):
+    monkeypatch.setenv("LOCALSPEC_DATA_DIR", str(tmp_path))
+    h = make_app(tiny, tmp_path)
+    async with h.app.run_test(size=SIZE) as pilot:
+        await wait_until(pilot, lambda: ready(h), what="engine ready")
+        await type_and_send(pilot, h, "Say hello to Bob.")
+        await wait_until(pilot, lambda: replied(h), what="reply")
+        (conv,) = h.history.conversations()
+        first = h.history.messages(conv.id)[-1]
+
+        await pilot.press("ctrl+r")                           # regenerate the last reply
+        await wait_until(pilot, lambda: replied(h), what="retried reply")
+        user, again = h.history.messages(conv.id)
+        assert again.id != first.id and again.state == "complete" and again.content
+        assert len(h.chat.query(MessageView)) == 2
+
+        await pilot.press("ctrl+e")                           # edit the last user message
+        prompt = h.chat.query_one("#prompt")
+        assert prompt.text == "Say hello to Bob."
+        prompt.text = "Write a function that adds 2 to a number."
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: replied(h), what="reply to the edited message")
+        rows = h.history.messages(conv.id)
+        assert [(m.role, m.state) for m in rows] == [("user", "complete"), ("assistant", "complete")]
+        assert rows[0].content == "Write a function that adds 2 to a number."
+        assert "def" in rows[1].content
+
+
+async def test_file_attachment_and_its_errors(tmp_path):
+    code = tmp_path / "util.py"
+    code.write_text("def double(x):\n    return 2 * x\n")
+    (tmp_path / "blob.bin").write_bytes(b"\x00\x01binary")
+    app = demo_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        chat = app.chat
+        await pilot.press("ctrl+n")
+        prompt = chat.query_one("#prompt")
+        prompt.text = f"/file {tmp_path / 'missing.py'}\nExplain this"
+        await pilot.press("enter")
+        notice = chat.query_one("#notice")
+        assert notice.display and "does not exist" in str(notice.render())
+        assert prompt.text.startswith("/file")                 # kept for the user to fix
+        prompt.text = f"/file {tmp_path / 'blob.bin'}"
+        await pilot.press("enter")
+        assert "binary" in str(notice.render())
+        assert len(app.history.conversations()) == 2            # nothing was sent or stored
+
+        prompt.text = f"Explain this\n/file {code}"
+        await pilot.press("enter")
+        await pilot.pause()
+        assert not notice.display
+        stored = app.history.messages(chat.conversation.id)[0].content
+        assert stored.startswith("Explain this\nFile `util.py`:\n```python\ndef double(x):")
+        op, args, kwargs = app.engine.requests[-1]
+        assert op == "generate" and args[1] == [{"role": "user", "content": stored}]
+
+
+async def test_copy_code_block(tmp_path):
+    app = demo_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        await pilot.press("ctrl+y")
+        assert app.clipboard == code_blocks(DEMO_REPLY)[-1]
+        assert app.clipboard.startswith("def reverse(s: str) -> str:")
+        app.copy_to_clipboard("")
+        app.chat.query_one("#prompt").text = "/copy 1"
+        await pilot.press("enter")
+        assert app.clipboard.startswith("def reverse")
+        app.chat.query_one("#prompt").text = "/copy 7"
+        await pilot.press("enter")
+        assert any("1 to 1" in n.message for n in app._notifications)
+
+
+async def test_token_colouring_toggle(tmp_path):
+    app = demo_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        reply = app.chat.query(MessageView).last()
+        assert reply.query_one(".msg-body").display and not reply.query_one(".msg-sources").display
+        await pilot.press("ctrl+t")
+        assert app.chat.has_class("-sources")
+        coloured = reply.query_one(".msg-sources")
+        assert coloured.display and not reply.query_one(".msg-body").display
+        spans = " ".join(str(s.style) for s in coloured.render().spans)
+        assert all(c in spans for c in ("green", "magenta", "cyan"))   # maxgram, personal, draft
+        assert "personal-ngram" in str(app.chat.query_one("#status").render())
+        await pilot.press("ctrl+t")
+        assert not app.chat.has_class("-sources")
+
+
+async def test_settings_validate_save_atomically_and_restart_the_engine(tmp_path):
+    app = demo_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        first_engine = app.engine
+        await pilot.press("ctrl+o")
+        form = app.screen
+        form.query_one("#temperature").value = "-3"
+        await pilot.press("ctrl+s")
+        assert app.screen is form and "temperature" in str(form.query_one("#settings-error").render())
+        form.query_one("#temperature").value = "0.5"
+        form.query_one("#system_prompt").text = "Answer in one line."
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        assert app.screen is app.chat
+        saved = load_settings(tmp_path / "settings.json")
+        assert (saved.temperature, saved.system_prompt) == (0.5, "Answer in one line.")
+        assert app.engine is first_engine                      # sampling only: same engine
+
+        await pilot.press("ctrl+o")
+        app.screen.query_one("#model").value = "another-model"
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        assert app.engine is not first_engine and app.engine.spec.model == "another-model"
+        assert json.loads((tmp_path / "settings.json").read_text())["model"] == "another-model"
+
+        app.chat.query_one("#prompt").text = "hi"
+        await pilot.press("enter")
+        await pilot.pause()
+        op, args, kwargs = app.engine.requests[-1]
+        assert (kwargs["temperature"], kwargs["system"]) == (0.5, "Answer in one line.")
+
+
+async def test_first_run_lists_installed_models_and_picking_one_opens_the_chat(tiny, tmp_path,
+                                                                               monkeypatch):
+    monkeypatch.setenv("LOCALSPEC_DATA_DIR", str(tmp_path / "data"))
+    started = []
+    app = ChatApp(Settings(), History.open(tmp_path / "history.sqlite"),
+                  engine_factory=lambda spec: started.append(spec) or _Silent(),
+                  settings_file=tmp_path / "settings.json")
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        assert isinstance(app.screen, FirstRunScreen)
+        assert "No model is set up" in str(app.screen.query_one("#problem").render())
+        assert not started
+        library.import_model("tiny", tiny.target_gguf, tiny.draft_gguf)   # in another terminal
+        await pilot.press("r")                                            # rescan
+        await pilot.pause()
+        models = app.screen.query_one("#models")
+        assert [item.name for item in models.children] == ["tiny"]
+        models.focus()
+        models.index = 0
+        await pilot.press("enter")
+        await pilot.pause()
+        assert app.screen is app.chat and [s.model for s in started] == ["tiny"]
+        assert load_settings(tmp_path / "settings.json").model == "tiny"
+
+
+async def test_broken_model_is_an_explained_state(tiny, tmp_path, monkeypatch):
+    """The real engine process fails to load a truncated GGUF: the first-run screen explains it."""
+    monkeypatch.setenv("LOCALSPEC_DATA_DIR", str(tmp_path))
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(tiny.target_gguf.read_bytes()[:4096])
+    h = make_app(tiny, tmp_path, model=str(broken))
+    async with h.app.run_test(size=SIZE) as pilot:
+        await wait_until(pilot, lambda: isinstance(h.app.screen, FirstRunScreen)
+                         and h.app.screen.query("#problem"), what="the first-run screen")
+        problem = str(h.app.screen.query_one("#problem").render())
+        assert "broken.gguf" in problem and "fix:" in problem
+        assert h.app.engine is None and h.app.is_running
+
+
+class _Silent:
+    """An engine that never says anything (the first-run test only checks it is started)."""
+
+    def start(self) -> None: ...
+    def close(self) -> None: ...
+
+    def poll(self, timeout=0.0):
+        return None
+
+
+async def test_rename_conversation(tmp_path):
+    app = demo_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        conv = app.chat.conversation
+        await pilot.press("f2")
+        field = app.screen.query_one("#answer")
+        assert field.value == conv.title
+        field.value = "  Reversing   strings "
+        await pilot.press("enter")
+        await pilot.pause()
+        assert app.history.conversation(conv.id).title == "Reversing strings"
+        sidebar = app.chat.query_one("#conversations")
+        assert str(sidebar.children[0].query_one("Label").render()) == "Reversing strings"
+        await pilot.press("f2", "escape")                     # Esc cancels
+        assert app.history.conversation(conv.id).title == "Reversing strings"
