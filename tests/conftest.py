@@ -14,6 +14,8 @@ torch.set_num_threads(1)
 # User data (the personal n-gram store) goes to a scratch folder, never the user's real one;
 # child processes (CLI tests) inherit it.
 os.environ["LOCALSPEC_DATA_DIR"] = tempfile.mkdtemp(prefix="localspec-test-data-")
+# Settings likewise: no test reads or writes the user's real config.
+os.environ["LOCALSPEC_CONFIG_DIR"] = tempfile.mkdtemp(prefix="localspec-test-config-")
 
 from tiny_models import TinyModels, build_tiny_models
 
