@@ -118,7 +118,8 @@ def _engines(target_session: Session, draft_model: LlamaModel | None, store,
         if len(stages) < len(cfg.stages):
             continue
         engines[name] = Engine(target_session.engine.target, stages, cfg.budget,
-                               costs if cfg.budget.adaptive else None)
+                               costs if cfg.budget.adaptive else None,
+                               stable_shapes=target_session.model.n_gpu_layers != 0)
     return engines
 
 

@@ -25,6 +25,9 @@ from .tree import DraftTree
 from .verify import Walk, greedy_walk, sample_walk
 
 
+HOLD = 16   # rounds an adaptive choice is kept with stable shapes (a CUDA graph warms up in 2)
+
+
 @dataclass
 class Generation:
     """What a finished generation returns; `text` and `tokens` exclude the prompt."""
@@ -47,9 +50,14 @@ def drain(stream: Iterator[str]) -> Generation:
 
 class Engine:
     def __init__(self, target: Target, stages: Sequence[Drafter] = (),
-                 budget: TreeBudget = TreeBudget(), costs: Costs | None = None) -> None:
+                 budget: TreeBudget = TreeBudget(), costs: Costs | None = None,
+                 stable_shapes: bool = False) -> None:
         """costs: this machine's measured batch costs (calibrate.py); with an adaptive budget,
-        tree sizes that could not beat plain decoding even in the best case are never tried."""
+        tree sizes that could not beat plain decoding even in the best case are never tried.
+
+        stable_shapes (for GPUs): the adaptive budget keeps its choice for HOLD rounds, and a round
+        of an N-node budget always verifies N + 1 tokens (padded), so llama.cpp sees the same batch
+        shape round after round and replays its CUDA graph (Target.verify)."""
         for d in stages:
             vocab = getattr(d, "vocab_size", None)
             if vocab is not None and vocab != target.vocab_size:
@@ -68,6 +76,9 @@ class Engine:
         self.costs = costs
         self.controller = AdaptiveBudget(arms) if len(arms) > 1 else None
         self._fixed = arms[0]
+        self.stable_shapes = stable_shapes and self.controller is not None
+        self._held = 0            # rounds left on the current arm (stable shapes)
+        self._arm = 0
         self._tree = DraftTree(capacity=max(2, budget.max_nodes + 1))
 
     def generate(self, request: GenerationRequest,
@@ -97,18 +108,20 @@ class Engine:
 
         tree = self._tree
         root = prompt[-1]
+        self._held = 0
         while True:
             if self.target.room < 2:
                 result.finish_reason = "context"
                 break
             t = time.perf_counter()
-            arm = self.controller.choose() if self.controller else 0
+            arm = self._choose()
             shape = self.controller.arms[arm] if self.controller else self._fixed
             tree.reset(root)
             if self.stages and shape.nodes > 0:
                 self._propose(tree, shape, sampling, rng)
             t1 = time.perf_counter()
-            rows = self.target.verify(tree)
+            pad = min(shape.nodes + 1, self.target.room) if self.stable_shapes and shape.nodes else 0
+            rows = self.target.verify(tree, pad)
             t2 = time.perf_counter()
             walk = self._walk(tree, rows, sampling, rng)
             t3 = time.perf_counter()
@@ -146,6 +159,17 @@ class Engine:
         if self.controller:
             stats.budget = self.controller.summary()
         return result
+
+    def _choose(self) -> int:
+        """The arm of this round: the controller's choice, kept HOLD rounds with stable shapes."""
+        if self.controller is None:
+            return 0
+        if not self.stable_shapes:
+            return self.controller.choose()
+        if self._held <= 0:
+            self._arm, self._held = self.controller.choose(), HOLD
+        self._held -= 1
+        return self._arm
 
     def _emit(self, new: list[int], result: Generation, stream: TextStream,
               max_tokens: int) -> tuple[str, int, str]:

@@ -35,6 +35,7 @@ class EngineConfig:
     budget: TreeBudget = field(default_factory=TreeBudget)
     draft_limits: DraftLimits = field(default_factory=DraftLimits)
     calibrate: bool = True            # adaptive budget: measure batch costs (cached) to prune tree sizes
+    stable_shapes: bool | None = None  # keep batch shapes steady for CUDA graphs; None: when offloaded to a GPU
 
 
 def _check_same_vocab(target: LlamaModel, draft: LlamaModel) -> None:
@@ -94,8 +95,9 @@ class Session:
             if cfg.speculation and cfg.budget.adaptive and cfg.calibrate and stages:
                 draft = next((d.model for d in stages if isinstance(d, LlamaDraft)), None)
                 self.costs = calibrate(self.model, draft, cfg.budget.max_nodes)
+            stable = cfg.stable_shapes if cfg.stable_shapes is not None else self.model.n_gpu_layers != 0
             self.engine = Engine(Target(self.model), stages, cfg.budget if cfg.speculation else TreeBudget(0),
-                                 self.costs)
+                                 self.costs, stable_shapes=stable)
         except BaseException:
             for d in stages:
                 d.close()

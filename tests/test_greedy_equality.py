@@ -92,3 +92,26 @@ def test_observer_sees_every_emitted_token_with_its_source(tiny, plain):
     assert seen_sources == result.sources
     assert set(seen_sources) <= {"maxgram", "target", session.stages[-1].name}
     assert any(s != "target" for s in seen_sources)
+
+
+@pytest.mark.parametrize("draft_kind", ["gguf", "torch"])
+def test_stable_shapes_keep_greedy_output(tiny, plain, draft_kind):
+    """The GPU mode (held adaptive choices, padded batches), forced on the CPU: same tokens."""
+    draft = tiny.draft_gguf if draft_kind == "gguf" else tiny.draft_torch
+    session = Session(EngineConfig(tiny.target_gguf, draft=draft, n_ctx=512, n_threads=1,
+                                   budget=TreeBudget(max_nodes=8, adaptive=True), stable_shapes=True,
+                                   draft_limits=DraftLimits(max_depth=6, branching=2, width=4)))
+    plain_session, outputs = plain
+    assert session.engine.stable_shapes
+    calls = []
+    verify = session.engine.target.verify
+    session.engine.target.verify = lambda tree, pad=0: (calls.append((tree.n, pad)), verify(tree, pad))[1]
+    try:
+        for kind, text in PROMPTS:
+            tokens, expect = outputs[(kind, text)]
+            assert session.run(tokens, max_tokens=MAX_TOKENS).tokens == expect
+    finally:
+        session.close()
+    padded = [(n, pad) for n, pad in calls if pad]
+    assert padded and all(pad >= n for n, pad in padded)
+    assert len({pad for _, pad in padded}) <= 3     # one shape per held budget

@@ -87,3 +87,30 @@ def test_commit_leaves_cache_as_fresh_evaluation(models, accept):
     expect = fresh_logits(ref, kept + nxt)[-2:]
     assert (np.argmax(got, axis=1) == np.argmax(expect, axis=1)).all()
     np.testing.assert_allclose(got, expect, atol=ATOL)
+
+
+@pytest.mark.parametrize("nodes", [0, 7])
+def test_padded_verify_is_invisible_and_committed_away(models, nodes):
+    """Padding (stable batch shapes for CUDA graphs) changes no node's logits and leaves no cell."""
+    model, ref = models
+    context = model.tokenize("while x < 3:\n", special=False)
+    target = Target(model)
+    target.reset()
+    target.prefill(context[:-1])
+    tree = example_tree(context[-1], [41, 42, 43, 44, 45, 46, 47]) if nodes else DraftTree(16)
+    if not nodes:
+        tree.reset(context[-1])
+    rows = target.verify(tree, pad_to=12).copy()
+    assert rows.shape == (tree.n, model.vocab_size)
+    for node in range(tree.n):
+        expect = fresh_logits(ref, context + tree.path_tokens(node))[-1]
+        assert np.argmax(rows[node]) == np.argmax(expect)
+        np.testing.assert_allclose(rows[node], expect, atol=ATOL)
+    path = (1, 3) if nodes else ()
+    target.commit(tree, path)
+    kept = context + [int(tree.tokens[n]) for n in path]
+    assert model.seq_pos_max(0) == len(kept) - 1
+    for seq in range(1, model.n_seq_max):
+        assert model.seq_pos_max(seq) == -1, f"sequence {seq} still holds cells"
+    model.decode([51], [target.n_past])
+    np.testing.assert_allclose(model.logits()[0], fresh_logits(ref, kept + [51])[-1], atol=ATOL)
