@@ -13,6 +13,7 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
+from . import prune
 from .budget import AdaptiveBudget, Arm
 from .calibrate import Costs
 from .config import GenerationRequest, SamplingParams, TreeBudget
@@ -77,6 +78,11 @@ class Engine:
         self.controller = AdaptiveBudget(arms) if len(arms) > 1 else None
         self._fixed = arms[0]
         self.stable_shapes = stable_shapes and self.controller is not None
+        # Pruning by expected value needs the cost curve; with stable shapes a batch is padded to
+        # the budget anyway, so every node is free to verify.
+        self._acceptance = (prune.AcceptanceModel(len(self.stages))
+                            if costs is not None and self.stages and not self.stable_shapes else None)
+        self._kept = DraftTree(capacity=max(2, budget.max_nodes + 1))
         self._held = 0            # rounds left on the current arm (stable shapes)
         self._arm = 0
         self._tree = DraftTree(capacity=max(2, budget.max_nodes + 1))
@@ -119,6 +125,11 @@ class Engine:
             tree.reset(root)
             if self.stages and shape.nodes > 0:
                 self._propose(tree, shape, sampling, rng)
+            if self._acceptance is not None and tree.n > 1:   # verify only what pays here
+                keep = prune.choose(tree, self._acceptance.node_probs(tree), self.costs.target_cost)
+                if not keep.all():
+                    stats.pruned += int(tree.n - keep.sum())
+                    tree = tree.copy_kept(keep, self._kept)
             t1 = time.perf_counter()
             pad = min(shape.nodes + 1, self.target.room) if self.stable_shapes and shape.nodes else 0
             rows = self.target.verify(tree, pad)
@@ -128,6 +139,8 @@ class Engine:
             self.target.commit(tree, walk.path)
             t4 = time.perf_counter()
             stats.record_round(tree, walk.path)
+            if self._acceptance is not None:
+                self._acceptance.update(tree, walk.path)
             new = [int(tree.tokens[n]) for n in walk.path] + [walk.token]
             text, emitted, reason = self._emit(new, result, stream, request.max_tokens)
             if emitted:
@@ -156,6 +169,7 @@ class Engine:
                 result.finish_reason = reason
                 break
             root = walk.token
+            tree = self._tree
         if self.controller:
             stats.budget = self.controller.summary()
         return result

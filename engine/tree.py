@@ -71,6 +71,17 @@ class DraftTree:
         self.children[parent].append(i)
         return i
 
+    def copy_kept(self, keep: np.ndarray, out: DraftTree) -> DraftTree:
+        """`out` := the nodes of this tree where keep is True (a parent- and sibling-order-closed
+        set, the root included), in the same order; returns `out`."""
+        index = np.cumsum(keep) - 1                 # old node -> new node (where kept)
+        out.reset(int(self.tokens[0]))
+        for i in range(1, self.n):
+            if keep[i]:
+                out.add(int(index[self.parent[i]]), int(self.tokens[i]), float(self.logp[i]),
+                        int(self.drafter[i]), self.proposal[i])
+        return out
+
     def child_tokens(self, node: int) -> list[int]:
         return [int(self.tokens[c]) for c in self.children[node]]
 

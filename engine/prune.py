@@ -1,0 +1,99 @@
+"""Verify only the nodes that pay: expected accepted tokens against this machine's batch cost.
+
+Drafters grow a tree up to the round's budget; verifying all of it is not always worth it. On the
+2-core CPU every extra token in the target's batch costs ~10-50% of a plain step, so a personal
+n-gram guess accepted 12% of the time costs more than it returns, while a Max-Gram chain accepted
+70% of the time pays. On a GPU the batch is nearly free and everything stays.
+
+`AcceptanceModel` keeps, per stage and depth, decayed counts of how often a node was accepted
+given that its parent was (the only case in which the verifier looks at it). A node's chance to be
+accepted is the product of those rates along its path. `choose` sorts the nodes by that chance and
+keeps the prefix that maximises (1 + expected accepted tokens) / cost(nodes + 1), the round's
+expected throughput under the calibrated cost curve. Two rules keep the pruned tree valid for the
+verifier: a node is kept only with its parent, and a child only with every sibling proposed before
+it (sampled children were drawn from q with the earlier ones excluded, so only a suffix of a
+sibling list may go).
+"""
+from __future__ import annotations
+
+import heapq
+from typing import Callable
+
+import numpy as np
+
+from .tree import DraftTree
+
+
+class AcceptanceModel:
+    """P(node accepted | parent accepted), per stage and depth, from decayed counts."""
+
+    def __init__(self, n_stages: int, max_depth: int = 32, decay: float = 0.995,
+                 prior: tuple[float, float] = (1.0, 1.0)) -> None:
+        self.accepted = np.full((max(1, n_stages), max_depth + 1), prior[0])
+        self.proposed = np.full((max(1, n_stages), max_depth + 1), prior[0] + prior[1])
+        self.decay = decay
+        self.max_depth = max_depth
+
+    def rates(self) -> np.ndarray:
+        return self.accepted / self.proposed
+
+    def node_probs(self, tree: DraftTree) -> np.ndarray:
+        """[tree.n] chance each node is accepted (the root: 1)."""
+        n = tree.n
+        rate = self.rates()
+        depth = np.minimum(tree.depth[:n], self.max_depth)
+        stage = np.maximum(tree.drafter[:n], 0)
+        local = rate[stage, depth]
+        probs = np.empty(n)
+        probs[0] = 1.0
+        for i in range(1, n):                 # parents come first: one pass
+            probs[i] = probs[tree.parent[i]] * local[i]
+        return probs
+
+    def update(self, tree: DraftTree, path: tuple[int, ...]) -> None:
+        """Count the nodes whose parent was accepted, and which of them were."""
+        self.accepted *= self.decay
+        self.proposed *= self.decay
+        on_path = {0, *path}
+        accepted = set(path)
+        for i in range(1, tree.n):
+            if int(tree.parent[i]) in on_path:
+                s, d = max(int(tree.drafter[i]), 0), min(int(tree.depth[i]), self.max_depth)
+                self.proposed[s, d] += 1.0
+                self.accepted[s, d] += float(i in accepted)
+
+
+def choose(tree: DraftTree, probs: np.ndarray, cost: Callable[[int], float]) -> np.ndarray:
+    """[tree.n] bool: the nodes worth verifying (the root always)."""
+    n = tree.n
+    keep = np.zeros(n, bool)
+    keep[0] = True
+    if n == 1:
+        return keep
+    # Best-first over the nodes that may join: the first child of a chosen node, and the next
+    # sibling of a chosen node. Every prefix of `chosen` is then parent- and sibling-closed.
+    heap: list[tuple[float, int]] = []
+
+    def offer(node: int) -> None:
+        heapq.heappush(heap, (-float(probs[node]), node))
+
+    if tree.children[0]:
+        offer(tree.children[0][0])
+    chosen: list[int] = []
+    while heap:
+        _, i = heapq.heappop(heap)
+        chosen.append(i)
+        if tree.children[i]:
+            offer(tree.children[i][0])
+        siblings = tree.children[int(tree.parent[i])]
+        at = siblings.index(i)
+        if at + 1 < len(siblings):
+            offer(siblings[at + 1])
+    best_k, best_rate, expected = 0, 1.0 / cost(1), 1.0
+    for k, i in enumerate(chosen, start=1):
+        expected += probs[i]
+        rate = expected / cost(k + 1)
+        if rate > best_rate:
+            best_k, best_rate = k, rate
+    keep[chosen[:best_k]] = True
+    return keep

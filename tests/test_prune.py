@@ -1,0 +1,107 @@
+"""Pruning the draft tree before verification by expected value under the calibrated costs."""
+from __future__ import annotations
+
+import numpy as np
+
+from localspec.engine.calibrate import Costs
+from localspec.engine.config import DraftLimits, SamplingParams, TreeBudget
+from localspec.engine.decode import Engine
+from localspec.engine.prune import AcceptanceModel, choose
+from localspec.engine.session import EngineConfig, Session
+from localspec.engine.tree import DraftTree
+
+from test_sampling_distribution import PARAMS, exact_joint, sampled_tv
+
+CPU = lambda n: 1.0 + 0.5 * (n - 1)    # noqa: E731  each extra token: half a plain step
+GPU = lambda n: 1.0 + 0.01 * (n - 1)   # noqa: E731  nearly free
+
+
+def two_stage_tree() -> DraftTree:
+    """Stage 0 (a good chain) and stage 1 (a doubtful sibling with a child)."""
+    t = DraftTree(16)
+    t.reset(5)
+    a = t.add(0, 10, 0.0, 0)
+    b = t.add(a, 11, 0.0, 0)
+    t.add(b, 12, 0.0, 0)
+    c = t.add(0, 20, 0.0, 1)
+    t.add(c, 21, 0.0, 1)
+    return t
+
+
+def test_choose_keeps_what_pays_on_this_machine():
+    t = two_stage_tree()
+    probs = np.array([1.0, 0.9, 0.8, 0.7, 0.1, 0.05])
+    assert choose(t, probs, CPU).tolist() == [True, True, True, True, False, False]
+    assert choose(t, probs, GPU).all()
+    assert choose(t, np.array([1.0, 0.2, 0.1, 0.05, 0.1, 0.05]), CPU).tolist() == [True] + [False] * 5
+
+
+def test_a_later_sibling_never_stays_without_the_earlier_ones():
+    t = DraftTree(8)
+    t.reset(5)
+    t.add(0, 10, 0.0, 0)       # proposed first, unlikely
+    t.add(0, 11, 0.0, 0)       # proposed second, likely
+    probs = np.array([1.0, 0.05, 0.9])
+    assert choose(t, probs, CPU).tolist() == [True, False, False]   # 0.95 expected for 1.0 extra
+    assert choose(t, probs, GPU).tolist() == [True, True, True]     # both, in their order
+    steep_after_two = lambda n: 1.0 if n <= 2 else 10.0             # noqa: E731  room for one node
+    assert choose(t, probs, steep_after_two).tolist() == [True, True, False]
+
+
+def test_acceptance_model_learns_per_stage_and_depth():
+    model = AcceptanceModel(2, decay=1.0)
+    t = two_stage_tree()
+    for _ in range(50):
+        model.update(t, (1, 2, 3))            # stage 0's chain accepted, stage 1's sibling not
+    probs = model.node_probs(t)
+    assert probs[1] > 0.9 and probs[3] > 0.85
+    assert probs[4] < 0.05
+    # node 5 (child of a rejected node) was never looked at: its rate keeps the prior
+    assert model.rates()[1, 2] == 0.5
+
+
+def test_copy_kept_preserves_order_parents_and_proposals():
+    t = two_stage_tree()
+    out = t.copy_kept(np.array([True, True, True, False, True, False]), DraftTree(16))
+    assert out.n == 4
+    assert out.tokens[:4].tolist() == [5, 10, 11, 20]
+    assert out.parent[:4].tolist() == [-1, 0, 1, 0]
+    assert out.children[0] == [1, 3] and out.drafter[3] == 1
+
+
+def _pruning_session(tiny) -> Session:
+    session = Session(EngineConfig(tiny.target_gguf, draft=tiny.draft_torch, n_ctx=256, n_threads=1,
+                                   budget=TreeBudget(max_nodes=8),
+                                   draft_limits=DraftLimits(max_depth=3, branching=2, width=4)))
+    steep = Costs({1: 1.0, 2: 1.8, 4: 3.0, 9: 6.0}, {})    # a CPU where the batch costs a lot
+    session.engine = Engine(session.engine.target, session.stages, TreeBudget(max_nodes=8), steep)
+    return session
+
+
+def test_pruned_trees_keep_greedy_output(tiny):
+    session = _pruning_session(tiny)
+    plain = Session(EngineConfig(tiny.target_gguf, speculation=False, n_ctx=256, n_threads=1))
+    try:
+        tokens = session.raw_prompt("def add(a, b):\n")
+        got = session.run(tokens, max_tokens=40)
+        assert got.tokens == plain.run(tokens, max_tokens=40).tokens
+        assert got.stats.pruned > 0
+    finally:
+        session.close()
+        plain.close()
+
+
+def test_pruned_trees_keep_the_target_distribution(tiny):
+    session = _pruning_session(tiny)
+    try:
+        prompt = session.raw_prompt("for i in range(")
+        joint = exact_joint(session, prompt)
+        pruned = session.run(prompt, max_tokens=2, sampling=SamplingParams(seed=1, **PARAMS)).stats
+        tv, bound = sampled_tv(session, prompt, joint)
+        assert tv < bound, f"TV {tv:.4f} >= bound {bound:.4f}"
+        assert pruned is not None
+        total = sum(session.run(prompt, max_tokens=2, sampling=SamplingParams(seed=s, **PARAMS)).stats.pruned
+                    for s in range(50))
+        assert total > 0, "the steep cost curve should prune some sampled nodes"
+    finally:
+        session.close()
