@@ -130,7 +130,8 @@ class Server:
             pending[1].extend(sources)
 
         def flush(text: str) -> None:
-            self.send(Token(rid, text, list(pending[0]), list(pending[1])))
+            pieces = split_by_source(text, pending[0], pending[1], self.session.model.piece)
+            self.send(Token(rid, text, list(pending[0]), list(pending[1]), pieces))
             pending[0].clear()
             pending[1].clear()
 
@@ -180,6 +181,28 @@ def forget(session: Session, conversation_id: str) -> None:
     if store_path(key).exists():
         with NgramStore.open(key, label=session.model.path.name) as store:
             store.forget("conversation", conversation_id)
+
+
+def split_by_source(text: str, tokens: list[int], sources: list[str], piece) -> list[str]:
+    """`text` cut into one piece per token (parallel to `sources`), so the app can colour each
+    token by its proposer. Exact when the text is the tokens' own pieces (the usual round); [] when
+    it is not (a character split across rounds, a held-back stop-string prefix): the app then
+    colours the round as a whole."""
+    raw = [piece(t) for t in tokens]
+    if b"".join(raw).decode("utf-8", errors="replace") != text:
+        return []
+    out = [r.decode("utf-8", errors="strict") if _complete(r) else None for r in raw]
+    if any(p is None for p in out):
+        return []
+    return out
+
+
+def _complete(raw: bytes) -> bool:
+    try:
+        raw.decode("utf-8")
+        return True
+    except UnicodeDecodeError:
+        return False
 
 
 def _check_messages(messages: object) -> list[dict]:

@@ -65,6 +65,7 @@ class Token:
     text: str
     tokens: list[int]
     sources: list[str]          # per token: the drafter that proposed it, "target" for its own
+    pieces: list[str] = field(default_factory=list)   # text split per source run (see split_by_source)
 
 
 @dataclass(frozen=True)
@@ -127,7 +128,7 @@ def encode_event(event: Ready | Token | Done | Error) -> str:
 def decode_event(line: str) -> Ready | Token | Done | Error:
     data = json.loads(line)
     cls = _WIRE[data.pop("event")]
-    return cls(**{f.name: data[f.name] for f in fields(cls)})
+    return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
 
 
 # ---- the parent side ----------------------------------------------------------------------------

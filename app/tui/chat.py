@@ -359,11 +359,13 @@ class ChatScreen(Screen):
         reply = self.reply
         if not event.text:
             return
-        source = lead_source(event.sources)
+        # one segment per token where the engine could split the text, else the round as one
+        segments = ([(p, s) for p, s in zip(event.pieces, event.sources) if p]
+                    if event.pieces else [(event.text, lead_source(event.sources))])
         reply.text += event.text
-        reply.segments.append((event.text, source))
+        reply.segments.extend(segments)
         if reply.view is not None:
-            await reply.view.append(event.text, source)
+            await reply.view.append(event.text, segments)
             if reply.view.is_attached:
                 self.query_one("#messages", VerticalScroll).scroll_end(animate=False)
         if time.monotonic() - reply.saved_at > CHECKPOINT_SECONDS:

@@ -20,8 +20,9 @@ def source_style(source: str) -> str:
 
 
 def lead_source(sources: list[str]) -> str:
-    """The proposer a streamed piece is coloured by: the drafter that proposed most of its tokens,
-    else "target". Pieces are one verification round; per-token text is not sent by the engine."""
+    """The proposer a whole round's text is coloured by when the engine could not split it per
+    token (a character split across rounds): the drafter that proposed most of its tokens, else
+    "target"."""
     drafted = [s for s in sources if s != "target"]
     if not drafted:
         return "target"

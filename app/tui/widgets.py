@@ -81,11 +81,12 @@ class MessageView(Vertical):
         return text
 
     # ---- streaming ----------------------------------------------------------------------------
-    async def append(self, piece: str, source: str) -> None:
+    async def append(self, piece: str, segments: list[tuple[str, str]]) -> None:
+        """Stream `piece`; `segments` are its parts with the drafter each came from."""
         if not piece:
             return
         self.content += piece
-        self.segments.append((piece, source))
+        self.segments.extend(segments)
         if self._stream is None:
             self._stream = Markdown.get_stream(self.query_one(".msg-body", Markdown))
         await self._stream.write(piece)
