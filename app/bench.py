@@ -75,6 +75,9 @@ class ConfigResult:
     stages: dict[str, dict] = field(default_factory=dict)
     outputs: list[list[int]] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)
+    pruned: int = 0
+    budget: dict = field(default_factory=dict)
+    phases: dict[str, float] = field(default_factory=dict)
 
     @property
     def tok_s(self) -> float:
@@ -85,6 +88,10 @@ class ConfigResult:
         self.tokens += st.tokens
         self.seconds += st.decode_seconds
         self.target_calls += st.target_calls
+        self.pruned += st.pruned
+        self.budget = st.budget or self.budget   # the adaptive controller's state after this prompt
+        for phase, sec in st.seconds.items():
+            self.phases[phase] = self.phases.get(phase, 0.0) + sec
         self.prompts += 1
         self.identical += int(plain_tokens is None or gen.tokens == plain_tokens)
         if gap is not None:
@@ -231,6 +238,9 @@ def _report(results: dict[str, ConfigResult], target: Path, draft: Path | None, 
                      "speedup": round(r.tok_s / base.tok_s, 3) if base and base.tok_s else None,
                      "tokens": r.tokens, "seconds": round(r.seconds, 2),
                      "tokens_per_call": round(r.tokens / max(1, r.target_calls), 3),
+                     "target_calls": r.target_calls, "pruned_nodes": r.pruned,
+                     "seconds_by_phase": {k: round(v, 3) for k, v in r.phases.items()},
+                     "budget": r.budget,
                      "identical": f"{r.identical}/{r.prompts}",
                      "max_gap_at_difference": round(max(r.gaps), 4) if r.gaps else None,
                      "stages": acc})
