@@ -135,29 +135,21 @@ class Server:
             pending[0].clear()
             pending[1].clear()
 
-        text, n_tokens = "", 0
+        # A stop is asked for between rounds: the engine ends there and returns its statistics.
         stream = self.session.generate(tokens, max_tokens=max_tokens, sampling=sampling,
-                                       observer=observer)
+                                       observer=observer, should_stop=lambda: self.inbox.stopped(rid))
         while True:
-            if self.inbox.stopped(rid):
-                stream.close()
-                if pending[0]:
-                    n_tokens += len(pending[0])
-                    flush("")
-                self.send(Done(rid, "stopped", text, {"tokens": n_tokens,
-                                                      "wall_seconds": round(time.perf_counter() - t0, 4)}))
-                return
             try:
                 piece = next(stream)
             except StopIteration as end:
                 result = end.value
                 break
-            text += piece
-            n_tokens += len(pending[0])
             flush(piece)
         if pending[0]:
             flush("")
-        self.send(Done(rid, result.finish_reason, result.text, stats_dict(result.stats)))
+        stats = stats_dict(result.stats)
+        stats["wall_seconds"] = round(time.perf_counter() - t0, 4)
+        self.send(Done(rid, result.finish_reason, result.text, stats))
 
 
 def stats_dict(stats) -> dict:

@@ -88,12 +88,16 @@ class Engine:
         self._tree = DraftTree(capacity=max(2, budget.max_nodes + 1))
 
     def generate(self, request: GenerationRequest,
-                 observer: Callable[[list[int], list[str]], None] | None = None) -> Iterator[str]:
+                 observer: Callable[[list[int], list[str]], None] | None = None,
+                 should_stop: Callable[[], bool] | None = None) -> Iterator[str]:
         """Stream text pieces; the generator's return value is the Generation.
 
         observer, when given, is called once per round before that round's text is yielded, with
         the round's emitted tokens and, for each, the name of the drafter that proposed it
-        ("target" for the token the target chose itself): what an app colours tokens by."""
+        ("target" for the token the target chose itself): what an app colours tokens by.
+        should_stop, when given, is asked before each round; True ends the generation there with
+        finish_reason "stopped" (text held back for a possible stop string is released), and the
+        Generation keeps its statistics."""
         prompt = list(request.tokens)
         if not prompt:
             raise LocalspecError("Empty prompt", "the prompt has no tokens", "Pass some text")
@@ -118,6 +122,13 @@ class Engine:
         while True:
             if self.target.room < 2:
                 result.finish_reason = "context"
+                break
+            if should_stop is not None and should_stop():
+                result.finish_reason = "stopped"
+                tail = stream.flush()
+                if tail:
+                    result.text += tail
+                    yield tail
                 break
             t = time.perf_counter()
             arm = self._choose()

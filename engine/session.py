@@ -118,10 +118,12 @@ class Session:
 
     def generate(self, tokens: Sequence[int], *, max_tokens: int = 256,
                  sampling: SamplingParams = SamplingParams(), stop: Sequence[str] = (),
-                 observer: Callable[[list[int], list[str]], None] | None = None) -> Iterator[str]:
-        """Stream text pieces (see Engine.generate for observer); the return value is the Generation."""
+                 observer: Callable[[list[int], list[str]], None] | None = None,
+                 should_stop: Callable[[], bool] | None = None) -> Iterator[str]:
+        """Stream text pieces (see Engine.generate for observer and should_stop); the return value
+        is the Generation."""
         return self.engine.generate(GenerationRequest(tuple(tokens), max_tokens, sampling, tuple(stop)),
-                                    observer)
+                                    observer, should_stop)
 
     def run(self, tokens: Sequence[int], *, max_tokens: int = 256,
             sampling: SamplingParams = SamplingParams(), stop: Sequence[str] = ()) -> Generation:

@@ -115,3 +115,21 @@ def test_stable_shapes_keep_greedy_output(tiny, plain, draft_kind):
     padded = [(n, pad) for n, pad in calls if pad]
     assert padded and all(pad >= n for n, pad in padded)
     assert len({pad for _, pad in padded}) <= 3     # one shape per held budget
+
+
+def test_should_stop_ends_at_a_round_with_statistics(tiny, plain):
+    session = Session(EngineConfig(tiny.target_gguf, draft=tiny.draft_gguf, n_ctx=512, n_threads=1,
+                                   budget=TreeBudget(max_nodes=8)))
+    plain_session, outputs = plain
+    rounds = []
+    try:
+        tokens, expect = outputs[PROMPTS[0]]
+        result = drain(session.generate(tokens, max_tokens=MAX_TOKENS, observer=lambda t, s: rounds.append(t),
+                                        should_stop=lambda: len(rounds) >= 2))
+        assert result.finish_reason == "stopped"
+        assert result.stats.target_calls == 2 and result.stats.tokens == len(result.tokens)
+        assert result.tokens == expect[:len(result.tokens)] and 0 < len(result.tokens) < len(expect)
+        # the engine is consistent afterwards: the next generation is the full plain output
+        assert session.run(tokens, max_tokens=MAX_TOKENS).tokens == expect
+    finally:
+        session.close()
