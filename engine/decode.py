@@ -1,8 +1,9 @@
 """The decode loop: propose -> verify -> accept -> commit -> emit, one round per target call.
 
-A round grows one draft tree through the stages (cheapest first), verifies it in a single target
-decode, walks the accepted path (greedy or rejection sampling), commits that path in the target's
-cache and tells every drafter what was committed. Plain decoding is the same loop with no stages:
+A round grows one draft tree through the stages (cheapest first), keeps the part worth verifying
+on this machine (prune.py), verifies it in a single target decode, walks the accepted path (greedy
+or rejection sampling), commits that path in the target's cache and tells every drafter what was
+committed. Plain decoding is the same loop with no stages:
 a tree of just the root, one token per call, so both modes share every line of the exact path.
 """
 from __future__ import annotations
@@ -136,11 +137,7 @@ class Engine:
             tree.reset(root)
             if self.stages and shape.nodes > 0:
                 self._propose(tree, shape, sampling, rng)
-            if self._acceptance is not None and tree.n > 1:   # verify only what pays here
-                keep = prune.choose(tree, self._acceptance.node_probs(tree), self.costs.target_cost)
-                if not keep.all():
-                    stats.pruned += int(tree.n - keep.sum())
-                    tree = tree.copy_kept(keep, self._kept)
+            tree = self._prune(tree, stats)
             t1 = time.perf_counter()
             pad = min(shape.nodes + 1, self.target.room) if self.stable_shapes and shape.nodes else 0
             rows = self.target.verify(tree, pad)
@@ -184,6 +181,17 @@ class Engine:
         if self.controller:
             stats.budget = self.controller.summary()
         return result
+
+    def _prune(self, tree: DraftTree, stats: DecodeStats) -> DraftTree:
+        """The part of the tree worth verifying on this machine (prune.py): `tree` itself, or a
+        copy of its kept nodes (drafters keep their own node numbering of `tree`)."""
+        if self._acceptance is None or tree.n <= 1:
+            return tree
+        keep = prune.choose(tree, self._acceptance.node_probs(tree), self.costs.target_cost)
+        if keep.all():
+            return tree
+        stats.pruned += int(tree.n - keep.sum())
+        return tree.copy_kept(keep, self._kept)
 
     def _choose(self) -> int:
         """The arm of this round: the controller's choice, kept HOLD rounds with stable shapes."""
