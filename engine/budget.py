@@ -72,6 +72,24 @@ class AdaptiveBudget:
     def best(self) -> Arm:
         return self.arms[self._best()]
 
+    def state(self) -> dict:
+        """The estimates, by arm name, to carry to the next run (learnt.py)."""
+        return {str(a): [self._tokens[i], self._seconds[i], self._plays[i]] for i, a in enumerate(self.arms)}
+
+    def load(self, state: dict) -> None:
+        """Start from a previous run's estimates for the arms that still exist; loaded arms count
+        as measured, so the first rounds go to the best one instead of measuring each again."""
+        for i, arm in enumerate(self.arms):
+            entry = state.get(str(arm))
+            if entry and len(entry) == 3 and entry[1] > 0:
+                self._tokens[i], self._seconds[i] = float(entry[0]), float(entry[1])
+                self._plays[i] = max(1, int(entry[2]))
+        best = self._best()
+        for i in range(len(self.arms)):   # probes resume on the schedule their gap earns
+            if i != best and self._plays[i]:
+                ratio = self.rate(best) / max(self.rate(i), 1e-9)
+                self._next_probe[i] = min(self.max_interval, int(self.explore_every * ratio * ratio))
+
     def summary(self) -> dict:
         return {str(a): {"tok_s": round(self.rate(i), 2), "rounds": self._plays[i]}
                 for i, a in enumerate(self.arms)}

@@ -162,6 +162,13 @@ def cached_curves(models: Sequence[LlamaModel], sizes: Sequence[Sequence[int]], 
     return curves
 
 
+def learnt_path(target: LlamaModel, draft: LlamaModel | None, cache_dir: Path | None = None) -> Path:
+    """Where the adaptive budget's and the pruning's estimates for these models on this machine
+    are kept between runs (next to the calibration)."""
+    models = [target] if draft is None else [target, draft]
+    return (cache_dir or default_cache_dir()) / f"{_fingerprint(models)}.learnt.json"
+
+
 def default_cache_dir() -> Path:
     from localspec.models.ngram_store import data_dir
 

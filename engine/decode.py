@@ -182,6 +182,25 @@ class Engine:
             stats.budget = self.controller.summary()
         return result
 
+    def learnt(self) -> dict:
+        """What this engine measured about its drafters on this machine, to start the next run
+        from (session.py keeps it next to the calibration)."""
+        out: dict = {"stages": [d.name for d in self.stages]}
+        if self.controller is not None:
+            out["budget"] = self.controller.state()
+        if self._acceptance is not None:
+            out["acceptance"] = self._acceptance.state()
+        return out
+
+    def resume(self, learnt: dict) -> None:
+        """Start from `learnt()` of an earlier engine with the same stages (else ignore it)."""
+        if learnt.get("stages") != [d.name for d in self.stages]:
+            return
+        if self.controller is not None and isinstance(learnt.get("budget"), dict):
+            self.controller.load(learnt["budget"])
+        if self._acceptance is not None and isinstance(learnt.get("acceptance"), dict):
+            self._acceptance.load(learnt["acceptance"])
+
     def _prune(self, tree: DraftTree, stats: DecodeStats) -> DraftTree:
         """The part of the tree worth verifying on this machine (prune.py): `tree` itself, or a
         copy of its kept nodes (drafters keep their own node numbering of `tree`)."""

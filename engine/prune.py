@@ -34,6 +34,15 @@ class AcceptanceModel:
         self.decay = decay
         self.max_depth = max_depth
 
+    def state(self) -> dict:
+        return {"accepted": self.accepted.tolist(), "proposed": self.proposed.tolist()}
+
+    def load(self, state: dict) -> None:
+        """A previous run's counts, where their shape matches (the same stages)."""
+        accepted, proposed = np.asarray(state["accepted"], float), np.asarray(state["proposed"], float)
+        if accepted.shape == self.accepted.shape == proposed.shape and (proposed > 0).all():
+            self.accepted, self.proposed = accepted, proposed
+
     def rates(self) -> np.ndarray:
         return self.accepted / self.proposed
 

@@ -41,3 +41,15 @@ def test_arms_of_fixed_and_adaptive_budgets():
                                                              Arm(4), Arm(8))
     assert TreeBudget(max_nodes=8, adaptive=True).arms(with_models=False) == (
         Arm(0), Arm(4, False), Arm(8, False))
+
+
+def test_a_resumed_controller_plays_the_known_best_without_measuring_again():
+    arms = TreeBudget(max_nodes=16, adaptive=True).arms()
+    rates = {a: 12.0 if a.nodes == 0 else 6.0 for a in arms}
+    first = AdaptiveBudget(arms)
+    play(first, rates, 300)
+    second = AdaptiveBudget(arms)
+    second.load(first.state())
+    early = play(second, rates, 40)
+    assert early == [Arm(0)] * 40      # losing arms are probed on their earned schedule, not at once
+    assert second.best() == Arm(0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 from localspec.engine import calibrate as cal
 from localspec.engine.budget import Arm
@@ -85,3 +86,33 @@ def test_adaptive_session_calibrates_and_keeps_output(tiny, monkeypatch, tmp_pat
         assert plain.run(tokens, max_tokens=24).tokens == out
     finally:
         plain.close()
+
+
+def test_the_next_run_starts_from_what_this_one_learnt(tiny, monkeypatch, tmp_path):
+    monkeypatch.setenv("LOCALSPEC_DATA_DIR", str(tmp_path))
+    cfg = EngineConfig(tiny.target_gguf, draft=tiny.draft_gguf, n_ctx=512, n_threads=1,
+                       budget=TreeBudget(max_nodes=8, adaptive=True))
+    first = Session(cfg)
+    try:
+        tokens = first.raw_prompt("def add(a, b):\n")
+        expect = first.run(tokens, max_tokens=24).tokens
+        learnt = first.engine.learnt()
+    finally:
+        first.close()
+    [saved] = list((tmp_path / "calibration").glob("*.learnt.json"))
+    assert json.loads(saved.read_text()) == json.loads(json.dumps(learnt))
+    second = Session(cfg)
+    try:
+        controller = second.engine.controller
+        assert all(p > 0 for p in controller._plays)              # nothing to measure again
+        assert controller.summary() == first.engine.controller.summary()
+        np.testing.assert_allclose(second.engine._acceptance.rates(), first.engine._acceptance.rates())
+        assert second.run(tokens, max_tokens=24).tokens == expect
+    finally:
+        second.close()
+    saved.write_text("{broken")                                   # unreadable: a fresh start
+    third = Session(cfg)
+    try:
+        assert third.engine.controller._plays == [0] * len(third.engine.controller.arms)
+    finally:
+        third.close()
