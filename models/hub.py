@@ -111,7 +111,7 @@ def hub_errors(repo: str, name: str | None = None, transport: bool = True) -> It
         yield
     except GatedRepoError:
         raise LocalspecError("The repository is gated", f"{repo} on {constants.ENDPOINT} needs an "
-                             "accepted licence and a token", f"Accept the licence on the repo's "
+                             "accepted licence and a token", "Accept the licence on the repo's "
                              "page, run `hf auth login`, then pull again") from None
     except RepositoryNotFoundError:
         raise LocalspecError("Repository not found on the hub", f"'{repo}' does not exist on "
