@@ -29,6 +29,7 @@ from typing import Iterator
 
 from localspec.engine.errors import LocalspecError
 from localspec.models.ngram_store import data_dir
+from localspec.models.sqlite_file import open_sqlite
 
 STATES = ("streaming", "partial", "complete", "stopped", "error")
 ROLES = ("user", "assistant")
@@ -258,36 +259,11 @@ def _require(cursor: sqlite3.Cursor, conversation_id: str) -> None:
         raise _missing(conversation_id)
 
 
+def _unusable(path: Path, err: sqlite3.DatabaseError) -> LocalspecError:
+    return LocalspecError("Chat history is unusable", f"'{path}': {err}",
+                          f"Move '{path}' aside (a new, empty history is created)")
+
+
 def _connect(path: Path) -> sqlite3.Connection:
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    if not path.exists():
-        path.touch(mode=0o600)
-    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=10.0)
-    try:
-        conn.execute("PRAGMA journal_mode = WAL")
-        conn.execute("PRAGMA synchronous = FULL")
-        conn.execute("PRAGMA foreign_keys = ON")
-        conn.execute("PRAGMA secure_delete = ON")   # a deleted conversation leaves no trace
-        _migrate(conn, path)
-    except sqlite3.DatabaseError as err:
-        conn.close()
-        raise LocalspecError("Chat history is unusable", f"'{path}': {err}",
-                             f"Move '{path}' aside (a new, empty history is created)") from None
-    except LocalspecError:
-        conn.close()
-        raise
-    return conn
-
-
-def _migrate(conn: sqlite3.Connection, path: Path) -> None:
-    conn.execute("CREATE TABLE IF NOT EXISTS schema_version "
-                 "(version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at REAL NOT NULL)")
-    done = {v for (v,) in conn.execute("SELECT version FROM schema_version")}
-    if done and max(done) > len(MIGRATIONS):
-        raise LocalspecError("Chat history is newer than this localspec",
-                             f"'{path}' has schema version {max(done)}, this localspec knows "
-                             f"{len(MIGRATIONS)}", "Upgrade localspec (pip install -U localspec)")
-    for version, (name, sql) in enumerate(MIGRATIONS, start=1):
-        if version not in done:   # the migration and its record commit together
-            conn.executescript(f"BEGIN IMMEDIATE; {sql}; INSERT INTO schema_version VALUES "
-                               f"({version}, '{name}', {time.time()}); COMMIT;")
+    return open_sqlite(path, MIGRATIONS, what="Chat history", unusable=_unusable,
+                       pragmas=("foreign_keys = ON",))

@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
 import platformdirs
-
 from localspec.engine.errors import LocalspecError
+from localspec.models.sqlite_file import open_sqlite
 
 KINDS = ("conversation", "file")
 DEFAULT_MAX_N = 4
@@ -328,36 +328,7 @@ def _check_kind(kind: str) -> None:
 
 
 def _connect(path: Path) -> sqlite3.Connection:
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    if not path.exists():
-        path.touch(mode=0o600)   # SQLite gives its -wal and -shm files the same permissions
-    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=10.0)
-    try:
-        conn.execute("PRAGMA journal_mode = WAL")
-        conn.execute("PRAGMA synchronous = FULL")
-        conn.execute("PRAGMA secure_delete = ON")
-        _migrate(conn, path)
-    except sqlite3.DatabaseError as err:
-        conn.close()
-        raise _unusable(path, err) from None
-    except LocalspecError:
-        conn.close()
-        raise
-    return conn
-
-
-def _migrate(conn: sqlite3.Connection, path: Path) -> None:
-    conn.execute("CREATE TABLE IF NOT EXISTS schema_version "
-                 "(version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at REAL NOT NULL)")
-    done = {v for (v,) in conn.execute("SELECT version FROM schema_version")}
-    if done and max(done) > len(MIGRATIONS):
-        raise LocalspecError("N-gram store is newer than this localspec",
-                             f"'{path}' has schema version {max(done)}, this localspec knows "
-                             f"{len(MIGRATIONS)}", "Upgrade localspec (pip install -U localspec)")
-    for version, (name, sql) in enumerate(MIGRATIONS, start=1):
-        if version not in done:   # the migration and its record commit together
-            conn.executescript(f"BEGIN IMMEDIATE; {sql}; INSERT INTO schema_version VALUES "
-                               f"({version}, '{name}', {time.time()}); COMMIT;")
+    return open_sqlite(path, MIGRATIONS, what="N-gram store", unusable=_unusable)
 
 
 def learn(store: NgramStore, conversation_id: str, tokens: Sequence[int]) -> int:
