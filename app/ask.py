@@ -116,7 +116,9 @@ def read_piped(stdin: TextIO) -> str | None:
 
 
 def cmd_ask(args: argparse.Namespace) -> int:
+    from localspec.app.cli import write_flushed
     from localspec.engine.config import SamplingParams
+    from localspec.engine.decode import drain
 
     p = plan(args, read_piped(sys.stdin))
     s = p.settings
@@ -125,18 +127,9 @@ def cmd_ask(args: argparse.Namespace) -> int:
     try:
         stream = session.generate(session.chat_prompt(p.messages), max_tokens=s.max_tokens,
                                   sampling=sampling)
-        text = ""
         try:
-            while True:
-                try:
-                    piece = next(stream)
-                except StopIteration as done:
-                    result = done.value
-                    break
-                text += piece
-                sys.stdout.write(piece)
-                sys.stdout.flush()
-            if not text.endswith("\n"):
+            result = drain(stream, write_flushed)
+            if not result.text.endswith("\n"):
                 sys.stdout.write("\n")
             sys.stdout.flush()
         except BrokenPipeError:           # the reader left (`| head`): stop quietly

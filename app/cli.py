@@ -124,6 +124,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if not prompt.strip():
         raise LocalspecError("Empty prompt", "no prompt argument and nothing on stdin",
                              'Pass a prompt: localspec generate "..." --model M, or pipe one in')
+    from localspec.engine.decode import drain
+
     sampling = _sampling(args)
     session = _open_session(args)
     try:
@@ -131,15 +133,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
                   else session.chat_prompt([{"role": "user", "content": prompt}]))
         stream = session.generate(tokens, max_tokens=args.max_tokens, sampling=sampling,
                                   stop=args.stop)
-        while True:
-            try:
-                piece = next(stream)
-            except StopIteration as done:
-                result = done.value
-                break
-            if not args.json:
-                sys.stdout.write(piece)
-                sys.stdout.flush()
+        result = drain(stream, None if args.json else write_flushed)
         if args.json:
             json.dump({"text": result.text, "tokens": result.tokens,
                        "finish_reason": result.finish_reason, "stats": result.stats.to_dict()},
@@ -150,6 +144,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
     finally:
         session.close()
     return 0
+
+
+def write_flushed(piece: str) -> None:
+    """Stream a piece of text to stdout as it arrives."""
+    sys.stdout.write(piece)
+    sys.stdout.flush()
 
 
 def _add_bench(sub: argparse._SubParsersAction) -> None:

@@ -41,13 +41,15 @@ class Generation:
     sources: list[str] = field(default_factory=list)   # per token: the drafter that proposed it, or "target"
 
 
-def drain(stream: Iterator[str]) -> Generation:
-    """Run a generation stream to its end; its Generation."""
+def drain(stream: Iterator[str], on_piece: Callable[[str], None] | None = None) -> Generation:
+    """Run a generation stream to its end, handing each text piece to `on_piece`; its Generation."""
     while True:
         try:
-            next(stream)
+            piece = next(stream)
         except StopIteration as stop:
             return stop.value
+        if on_piece is not None:
+            on_piece(piece)
 
 
 class Engine:
