@@ -283,6 +283,17 @@ def _parts_on_disk(first: Path) -> list[Path]:
     return parts
 
 
+def _read_parts(parts: list[Path]) -> list[GGUFInfo]:
+    """Validate every part of a (possibly split) GGUF; only the first carries the tokenizer."""
+    return [read_gguf(p, require_vocab=(i == 0)) for i, p in enumerate(parts)]
+
+
+def _gguf_record(at: list[Path], infos: list[GGUFInfo], owned: bool, source: str = "") -> ModelFile:
+    """The manifest record of a GGUF whose parts are (now) at `at`."""
+    return ModelFile(at[0], sum(i.file_size for i in infos), owned, quantization_of(infos[0]),
+                     infos[0].vocab_size, tuple(at[1:]), source)
+
+
 def import_model(name: str, target_path: str | Path, draft_path: str | Path | None = None,
                  copy: bool = False, root: Path | None = None) -> InstalledModel:
     """Register files already on disk under `name`: in place (default) or copied into the store.
@@ -291,7 +302,7 @@ def import_model(name: str, target_path: str | Path, draft_path: str | Path | No
     check_name(name)
     target = _parts_on_disk(Path(target_path).expanduser().resolve())
     # validation: missing/non-GGUF/truncated refused; only a first part carries the tokenizer
-    t_infos = [read_gguf(p, require_vocab=(i == 0)) for i, p in enumerate(target)]
+    t_infos = _read_parts(target)
     draft: list[Path] = []
     folder: Path | None = None
     if draft_path is not None:
@@ -304,7 +315,7 @@ def import_model(name: str, target_path: str | Path, draft_path: str | Path | No
                                                 target[0].name, found.name)
         else:
             draft = _parts_on_disk(found)
-            d_infos = [read_gguf(p, require_vocab=(i == 0)) for i, p in enumerate(draft)]
+            d_infos = _read_parts(draft)
             check_draft_vocabulary(target[0], draft[0])
     sources = target + draft
     if copy:
@@ -318,15 +329,12 @@ def import_model(name: str, target_path: str | Path, draft_path: str | Path | No
         _check_free(name, models)
         placed = _copy_all(sources, dests) if copy else sources
         t_at, d_at = placed[:len(target)], placed[len(target):]
-        records = [ModelFile(t_at[0], sum(i.file_size for i in t_infos), copy,
-                             quantization_of(t_infos[0]), t_infos[0].vocab_size, tuple(t_at[1:]))]
+        records = [_gguf_record(t_at, t_infos, copy)]
         if folder is not None:
             records.append(ModelFile(d_at[0].parent, d_torch.size, copy, d_torch.dtype,
                                      d_torch.vocab_size, tuple(d_at), "", "torch"))
         elif draft:
-            records.append(ModelFile(d_at[0], sum(i.file_size for i in d_infos), copy,
-                                     quantization_of(d_infos[0]), d_infos[0].vocab_size,
-                                     tuple(d_at[1:])))
+            records.append(_gguf_record(d_at, d_infos, copy))
         model = InstalledModel(name, records[0], records[1] if draft else None, time.time())
         models[name] = model
         _write_manifest(models, root)
@@ -344,12 +352,12 @@ def install_downloaded(name: str, target: StagedFile, draft: StagedFile | None,
                        root: Path | None = None) -> InstalledModel:
     """Move verified downloads into `<store>/<name>/` and register them: all or nothing."""
     check_name(name)
-    t_infos = [read_gguf(p, require_vocab=(i == 0)) for i, p in enumerate(target.staged)]
+    t_infos = _read_parts(target.staged)
     if draft is not None and draft.folder is not None:
         d_info = torch_draft.check_against(target.staged[0], dict(zip(draft.names, draft.staged)),
                                            target.names[0], draft.folder)
     elif draft is not None:
-        d_infos = [read_gguf(p, require_vocab=(i == 0)) for i, p in enumerate(draft.staged)]
+        d_infos = _read_parts(draft.staged)
         check_vocabularies(target.names[0], file_vocabulary(target.staged[0]),
                            draft.names[0], file_vocabulary(draft.staged[0]))
     staged = [target] + ([draft] if draft else [])
@@ -370,16 +378,12 @@ def install_downloaded(name: str, target: StagedFile, draft: StagedFile | None,
                     moved.append((src, dest))
             for folder in {d.parent for d in flat}:
                 _fsync_dir(folder)
-            records = [ModelFile(dests[0][0], sum(i.file_size for i in t_infos), True,
-                                 quantization_of(t_infos[0]), t_infos[0].vocab_size,
-                                 tuple(dests[0][1:]), target.source)]
+            records = [_gguf_record(dests[0], t_infos, True, target.source)]
             if draft is not None and draft.folder is not None:
                 records.append(ModelFile(dests[1][0].parent, d_info.size, True, d_info.dtype,
                                          d_info.vocab_size, tuple(dests[1]), draft.source, "torch"))
             elif draft is not None:
-                records.append(ModelFile(dests[1][0], sum(i.file_size for i in d_infos), True,
-                                         quantization_of(d_infos[0]), d_infos[0].vocab_size,
-                                         tuple(dests[1][1:]), draft.source))
+                records.append(_gguf_record(dests[1], d_infos, True, draft.source))
             model = InstalledModel(name, records[0], records[1] if draft else None, time.time())
             models[name] = model
             _write_manifest(models, root)
