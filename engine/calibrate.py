@@ -46,6 +46,7 @@ class Costs:
 
     target: dict[int, float]
     draft: dict[int, float]
+    file: Path | None = None    # where they are cached (None: not cached)
 
     @staticmethod
     def _at(curve: dict[int, float], n: int) -> float:
@@ -138,35 +139,54 @@ def _cpu_name() -> str:
 
 
 def cached_curves(models: Sequence[LlamaModel], sizes: Sequence[Sequence[int]], cache_dir: Path,
-                  refresh: bool = False) -> list[dict[int, float]]:
-    """`measure(models, sizes)`, from the cache when these models were measured on this machine
-    (within MAX_AGE) before."""
-    path = cache_dir / f"{_fingerprint(models)}.json"
-    if not refresh:
-        try:
-            data = json.loads(path.read_text())
-            curves = [{int(n): float(s) for n, s in c.items()} for c in data["seconds"]]
-            fresh = time.time() - float(data["measured"]) < MAX_AGE
-            if fresh and len(curves) == len(models) and all(
-                    all(n in c for n in want if n <= m.n_batch and n + _CONTEXT <= m.n_ctx)
-                    for c, want, m in zip(curves, sizes, models)):
-                return curves
-        except (OSError, ValueError, KeyError, TypeError):
-            pass   # missing or unreadable: measure again
+                  refresh: bool = False, path: Path | None = None) -> list[dict[int, float]]:
+    """`measure(models, sizes)`, from the cache (`path`, default: by fingerprint in `cache_dir`)
+    when these models were measured on this machine within MAX_AGE."""
+    path = path or cache_path(models, cache_dir)
+    data = {} if refresh else read_json(path)
+    try:
+        curves = [{int(n): float(s) for n, s in c.items()} for c in data["seconds"]]
+        fresh = time.time() - float(data["measured"]) < MAX_AGE
+        if fresh and len(curves) == len(models) and all(
+                all(n in c for n in want if n <= m.n_batch and n + _CONTEXT <= m.n_ctx)
+                for c, want, m in zip(curves, sizes, models)):
+            return curves
+    except (ValueError, KeyError, TypeError, AttributeError):
+        pass   # missing or unreadable: measure again
     curves = measure(models, sizes)
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"models": [str(m.path) for m in models], "measured": time.time(),
-                               "seconds": [{str(n): s for n, s in c.items()} for c in curves]}))
-    os.replace(tmp, path)
+    write_json(path, {"models": [str(m.path) for m in models], "measured": time.time(),
+                      "seconds": [{str(n): s for n, s in c.items()} for c in curves]})
     return curves
 
 
-def learnt_path(target: LlamaModel, draft: LlamaModel | None, cache_dir: Path | None = None) -> Path:
-    """Where the adaptive budget's and the pruning's estimates for these models on this machine
-    are kept between runs (next to the calibration)."""
-    models = [target] if draft is None else [target, draft]
-    return (cache_dir or default_cache_dir()) / f"{_fingerprint(models)}.learnt.json"
+def cache_path(models: Sequence[LlamaModel], cache_dir: Path) -> Path:
+    return cache_dir / f"{_fingerprint(models)}.json"
+
+
+def learnt_path(costs: Costs) -> Path | None:
+    """Where the adaptive budget's and the pruning's estimates for the calibrated models on this
+    machine are kept between runs: next to their calibration."""
+    return costs.file.with_name(costs.file.stem + ".learnt.json") if costs.file else None
+
+
+def read_json(path: Path) -> dict:
+    """A cache file's object; {} when it is missing or unreadable (the caller starts fresh)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def write_json(path: Path, data: dict) -> None:
+    """Replace a cache file atomically; a read-only data dir only costs the cache."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data))
+        os.replace(tmp, path)
+    except OSError:
+        pass
 
 
 def default_cache_dir() -> Path:
@@ -178,10 +198,9 @@ def default_cache_dir() -> Path:
 def calibrate(target: LlamaModel, draft: LlamaModel | None, max_nodes: int,
               cache_dir: Path | None = None, refresh: bool = False) -> Costs:
     """Cost curves of the target (batches up to max_nodes + 1) and of a GGUF draft."""
-    folder = cache_dir or default_cache_dir()
     top = max(2, max_nodes + 1)
     sizes = sorted({n for n in SIZES if n <= top} | {top})
-    if draft is None:
-        return Costs(cached_curves([target], [sizes], folder, refresh)[0], {})
-    t, d = cached_curves([target, draft], [sizes, DRAFT_SIZES], folder, refresh)
-    return Costs(t, d)
+    models, wanted = ([target], [sizes]) if draft is None else ([target, draft], [sizes, DRAFT_SIZES])
+    path = cache_path(models, cache_dir or default_cache_dir())
+    curves = cached_curves(models, wanted, path.parent, refresh, path)
+    return Costs(curves[0], curves[1] if draft is not None else {}, path)

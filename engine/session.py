@@ -6,13 +6,11 @@ Max-Gram, then the neural draft, which adopts and extends the nodes Max-Gram pro
 """
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
-from .calibrate import calibrate, learnt_path
+from .calibrate import calibrate, learnt_path, read_json, write_json
 from .chat import render_chat
 from .config import DraftLimits, GenerationRequest, SamplingParams, TreeBudget
 from .decode import Engine, Generation, drain
@@ -69,24 +67,6 @@ def _load_draft(path: Path, target: LlamaModel, cfg: EngineConfig) -> Drafter:
     return draft
 
 
-def _read_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}      # none yet, or unreadable: start fresh
-
-
-def _write_json(path: Path, data: dict) -> None:
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data))
-        os.replace(tmp, path)
-    except OSError:
-        pass           # a read-only data dir costs only the head start next time
-
-
 class Session:
     """A loaded target with its stages; reusable across generations."""
 
@@ -116,12 +96,12 @@ class Session:
             if cfg.speculation and cfg.budget.adaptive and cfg.calibrate and stages:
                 draft = next((d.model for d in stages if isinstance(d, LlamaDraft)), None)
                 self.costs = calibrate(self.model, draft, cfg.budget.max_nodes)
-                self._learnt_path = learnt_path(self.model, draft)
+                self._learnt_path = learnt_path(self.costs)
             stable = cfg.stable_shapes if cfg.stable_shapes is not None else self.model.n_gpu_layers != 0
             self.engine = Engine(Target(self.model), stages, cfg.budget if cfg.speculation else TreeBudget(0),
                                  self.costs, stable_shapes=stable)
             if self._learnt_path is not None:
-                self.engine.resume(_read_json(self._learnt_path))
+                self.engine.resume(read_json(self._learnt_path))
         except BaseException:
             for d in stages:
                 d.close()
@@ -162,7 +142,7 @@ class Session:
 
     def close(self) -> None:
         if getattr(self, "_learnt_path", None) is not None:
-            _write_json(self._learnt_path, self.engine.learnt())   # the next run starts from here
+            write_json(self._learnt_path, self.engine.learnt())   # the next run starts from here
         for d in self.stages:
             d.close()
         if self.store is not None:
