@@ -130,7 +130,7 @@ class Server:
             pending[1].extend(sources)
 
         def flush(text: str) -> None:
-            pieces = split_by_source(text, pending[0], pending[1], self.session.model.piece)
+            pieces = split_by_source(text, pending[0], self.session.model.piece)
             self.send(Token(rid, text, list(pending[0]), list(pending[1]), pieces))
             pending[0].clear()
             pending[1].clear()
@@ -175,26 +175,16 @@ def forget(session: Session, conversation_id: str) -> None:
             store.forget("conversation", conversation_id)
 
 
-def split_by_source(text: str, tokens: list[int], sources: list[str], piece) -> list[str]:
-    """`text` cut into one piece per token (parallel to `sources`), so the app can colour each
-    token by its proposer. Exact when the text is the tokens' own pieces (the usual round); [] when
-    it is not (a character split across rounds, a held-back stop-string prefix): the app then
-    colours the round as a whole."""
-    raw = [piece(t) for t in tokens]
-    if b"".join(raw).decode("utf-8", errors="replace") != text:
-        return []
-    out = [r.decode("utf-8", errors="strict") if _complete(r) else None for r in raw]
-    if any(p is None for p in out):
-        return []
-    return out
-
-
-def _complete(raw: bytes) -> bool:
+def split_by_source(text: str, tokens: list[int], piece) -> list[str]:
+    """`text` cut into one piece per token, so the app can colour each token by its proposer.
+    Exact when the text is the tokens' own pieces (the usual round); [] when it is not (a
+    character split across rounds, a held-back stop-string prefix): the app then colours the
+    round as a whole."""
     try:
-        raw.decode("utf-8")
-        return True
+        out = [piece(t).decode("utf-8") for t in tokens]
     except UnicodeDecodeError:
-        return False
+        return []
+    return out if "".join(out) == text else []
 
 
 def _check_messages(messages: object) -> list[dict]:

@@ -65,7 +65,7 @@ class Token:
     text: str
     tokens: list[int]
     sources: list[str]          # per token: the drafter that proposed it, "target" for its own
-    pieces: list[str] = field(default_factory=list)   # text split per source run (see split_by_source)
+    pieces: list[str] = field(default_factory=list)   # text per token, parallel to sources; [] if it cannot be cut
 
 
 @dataclass(frozen=True)

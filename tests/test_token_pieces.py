@@ -11,14 +11,13 @@ def test_text_is_cut_per_token_or_left_whole(tiny):
     try:
         text = "def add(a, b):\n    return a + b\n"
         tokens = model.tokenize(text, special=False, add_bos=False)
-        sources = ["maxgram", "target"] * len(tokens)
-        pieces = split_by_source(text, tokens, sources[:len(tokens)], model.piece)
+        pieces = split_by_source(text, tokens, model.piece)
         assert len(pieces) == len(tokens) > 3 and "".join(pieces) == text
         # a character whose bytes straddle tokens cannot be cut: the round stays whole
         emoji = model.tokenize("🙂", special=False, add_bos=False)
         if len(emoji) > 1:
-            assert split_by_source("🙂", emoji, ["target"] * len(emoji), model.piece) == []
+            assert split_by_source("🙂", emoji, model.piece) == []
         # text that is not the tokens' own (a held-back stop prefix): whole
-        assert split_by_source(text[:-3], tokens, sources[:len(tokens)], model.piece) == []
+        assert split_by_source(text[:-3], tokens, model.piece) == []
     finally:
         model.close()
