@@ -227,7 +227,7 @@ def _add_calibrate(sub: argparse._SubParsersAction) -> None:
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from localspec.engine.calibrate import calibrate
-    from localspec.engine.config import TreeBudget
+    from localspec.engine.config import DraftLimits, TreeBudget
     from localspec.engine.llama_model import LlamaModel
 
     model, draft = resolve_models(args.model, args.draft)
@@ -245,10 +245,11 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if costs.draft:
         print(f"draft {draft.name}: " + "  ".join(f"{n}: {ms} ms" for n, ms in costs.to_dict()["draft_ms"].items()))
     arms = TreeBudget(max_nodes=args.tree_nodes, adaptive=True).arms(with_models=draft is not None)
-    kept = costs.viable(arms, 4, 6)
+    limits = DraftLimits()   # what generate and chat draft with: the engine judges by the same
+    kept = costs.viable(arms, limits.width, limits.max_depth)
     plain = 1 / costs.target_cost(1)
     for arm in arms:
-        best = costs.best_case_rate(arm, 4, 6)
+        best = costs.best_case_rate(arm, limits.width, limits.max_depth)
         verdict = "tried" if arm in kept else "never tried: cannot beat plain"
         print(f"  budget {str(arm):>8}: best case {best:7.1f} tok/s vs plain {plain:.1f}  {verdict}")
     return 0
