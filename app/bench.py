@@ -11,7 +11,7 @@ import platform
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -107,10 +107,11 @@ class ConfigResult:
                     row[d] += v
 
 
-def _engines(target_session: Session, draft_model: LlamaModel | None, store,
+def _engines(target_session: Session, draft_model, store,
              names: Sequence[str], costs: Costs | None) -> dict[str, Engine]:
     """One Engine per configuration over the shared target; a configuration that needs a missing
-    draft model or n-gram store is skipped."""
+    draft model or n-gram store is skipped. `draft_model`: a LlamaModel (GGUF draft in llama.cpp)
+    or a TorchLM (the PyTorch draft), shared by every configuration's draft stage."""
     engines = {}
     for name in names:
         cfg = CONFIGS[name]
@@ -120,8 +121,11 @@ def _engines(target_session: Session, draft_model: LlamaModel | None, store,
                 stages.append(MaxGram())
             elif stage == "ngram" and store is not None:
                 stages.append(PersonalNgram(store))
-            elif stage == "draft" and draft_model is not None:
+            elif stage == "draft" and isinstance(draft_model, LlamaModel):
                 stages.append(LlamaDraft(draft_model, cfg.draft_limits))
+            elif stage == "draft" and draft_model is not None:
+                from localspec.engine.drafters.torch_draft import TorchDraft
+                stages.append(TorchDraft(draft_model, cfg.draft_limits))
         if len(stages) < len(cfg.stages):
             continue
         engines[name] = Engine(target_session.engine.target, stages, cfg.budget,
@@ -132,17 +136,29 @@ def _engines(target_session: Session, draft_model: LlamaModel | None, store,
 
 def run_bench(target: Path, draft: Path | None, prompts: Sequence[Prompt], names: Sequence[str],
               max_tokens: int, sampling: SamplingParams, n_ctx: int, store=None,
-              progress: Callable[[str], None] = lambda s: None, check: bool = True) -> dict:
+              progress: Callable[[str], None] = lambda s: None, check: bool = True,
+              torch_draft: bool = False) -> dict:
     """Run every configuration on every prompt; the report. `store`: the n-gram store the "ngram"
     stage reads (configurations with that stage are skipped without one). `check`: HumanEval
-    pass@1 for prompts that carry a problem."""
+    pass@1 for prompts that carry a problem. `torch_draft`: run the draft in PyTorch (a
+    transformers folder always is; a .gguf is dequantised), on the GPU with CUDA graphs."""
     max_nodes = max(CONFIGS[n].budget.max_nodes for n in names)
     session = Session(EngineConfig(target, speculation=True, maxgram=False, n_ctx=n_ctx,
                                    budget=TreeBudget(max_nodes=max_nodes)))
-    draft_model = (LlamaModel(draft, n_ctx=n_ctx, n_seq_max=max_nodes + 2) if draft else None)
+    draft_model = None
     try:
-        costs = (calibrate(session.model, draft_model, max_nodes)
-                 if any(CONFIGS[n].budget.adaptive for n in names) else None)
+        if draft is not None and (torch_draft or draft.is_dir()):
+            from localspec.engine.torch_lm import TorchLM
+            draft_model = TorchLM.load(draft, max_len=n_ctx)
+        elif draft is not None:
+            draft_model = LlamaModel(draft, n_ctx=n_ctx, n_seq_max=max_nodes + 2)
+        costs = None
+        if any(CONFIGS[n].budget.adaptive for n in names):
+            gguf = draft_model if isinstance(draft_model, LlamaModel) else None
+            costs = calibrate(session.model, gguf, max_nodes)
+            if draft_model is not None and gguf is None:
+                from localspec.engine.drafters.torch_draft import measure_forward
+                costs = replace(costs, draft=measure_forward(draft_model))
         engines = _engines(session, draft_model, store, names, costs)
         results = {name: ConfigResult(name) for name in engines}
         started = time.time()
@@ -162,6 +178,11 @@ def run_bench(target: Path, draft: Path | None, prompts: Sequence[Prompt], names
                 f"{n} {r.tok_s:.1f}" for n, r in results.items()) + " tok/s")
         report = _report(results, target, draft, len(prompts), max_tokens, sampling,
                          time.time() - started, session.model)
+        if draft_model is not None:
+            report["draft_runtime"] = ("llama.cpp" if isinstance(draft_model, LlamaModel) else
+                                       f"pytorch {draft_model.device.type} {str(draft_model.dtype)[6:]}"
+                                       + (" cuda-graphs" if draft_model.static_shapes
+                                          and draft_model.device.type == "cuda" else ""))
         if costs is not None:
             report["calibration"] = costs.to_dict()
             report["dropped_arms"] = {n: [str(a) for a in e.dropped] for n, e in engines.items() if e.dropped}

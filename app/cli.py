@@ -173,6 +173,9 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
                    help="stop reading --learn files after this many tokens")
     p.add_argument("--no-exec", action="store_true",
                    help="skip HumanEval pass@1 (it runs the generated code in a guarded child process)")
+    p.add_argument("--torch-draft", action="store_true",
+                   help="run the draft in PyTorch (CUDA graphs on a GPU); a .gguf draft is dequantised "
+                        "(needs the gguf package), a transformers folder always runs in PyTorch")
     p.add_argument("--out", default="bench-out", help="folder for bench.json and bench.png")
     p.set_defaults(run=cmd_bench)
 
@@ -201,7 +204,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         probe.close()
     try:
         report = bench.run_bench(model, draft, prompts, names, args.max_tokens, sampling, args.ctx,
-                                 store=store, check=not args.no_exec,
+                                 store=store, check=not args.no_exec, torch_draft=args.torch_draft,
                                  progress=lambda line: print(line, file=sys.stderr, flush=True))
     finally:
         store.close()

@@ -6,11 +6,12 @@ Max-Gram, then the neural draft, which adopts and extends the nodes Max-Gram pro
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import hashlib
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
-from .calibrate import calibrate, learnt_path, read_json, write_json
+from .calibrate import Costs, calibrate, learnt_path, read_json, write_json
 from .chat import render_chat
 from .config import DraftLimits, GenerationRequest, SamplingParams, TreeBudget
 from .decode import Engine, Generation, drain
@@ -48,6 +49,16 @@ def _check_same_vocab(target: LlamaModel, draft: LlamaModel) -> None:
                                  f"token {token} is {target.token_text(token)!r} in the target but "
                                  f"{draft.token_text(token)!r} in the draft (both {target.vocab_size} tokens)",
                                  "Use a draft from the target's model family (same tokenizer)")
+
+
+def with_torch_draft(costs: Costs, draft: Drafter, path: Path | None) -> Costs:
+    """`costs` with the PyTorch draft's forward times (measured now: seconds on a GPU) as the
+    draft curve, and learnt estimates kept apart from the GGUF draft's and the target's own."""
+    from .drafters.torch_draft import measure_forward
+
+    tag = hashlib.sha256(str(Path(path).resolve() if path else "").encode()).hexdigest()[:8]
+    file = costs.file.with_name(f"{costs.file.stem}-torch-{tag}.json") if costs.file else None
+    return replace(costs, draft=measure_forward(draft.lm), file=file)
 
 
 def _load_draft(path: Path, target: LlamaModel, cfg: EngineConfig) -> Drafter:
@@ -96,6 +107,9 @@ class Session:
             if cfg.speculation and cfg.budget.adaptive and cfg.calibrate and stages:
                 draft = next((d.model for d in stages if isinstance(d, LlamaDraft)), None)
                 self.costs = calibrate(self.model, draft, cfg.budget.max_nodes)
+                torch_draft = next((d for d in stages if d.name == "torch-draft"), None)
+                if torch_draft is not None:
+                    self.costs = with_torch_draft(self.costs, torch_draft, cfg.draft)
                 self._learnt_path = learnt_path(self.costs)
             stable = cfg.stable_shapes if cfg.stable_shapes is not None else self.model.n_gpu_layers != 0
             self.engine = Engine(Target(self.model), stages, cfg.budget if cfg.speculation else TreeBudget(0),

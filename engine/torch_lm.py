@@ -8,8 +8,13 @@ dequantisation) and the forward runs here on the bare weights. The KV cache is o
 tensor addressed by explicit slots and the caller passes the attention mask, so rollback costs
 nothing: a slot that no mask row points at is never read.
 
-Every buffer has a fixed size (cache, RoPE tables), so a CUDA graph over fixed (n, n_slots) shapes
-can be captured later without changing this interface.
+Every buffer has a fixed size (cache, RoPE tables). On a GPU a forward of a few tokens is launch
+bound (~500 kernels for a 24-layer model), so small forwards replay CUDA graphs: the rows are padded
+to a bucket (1, 2, 4, ... 32) and the attended slots to a power of two, the inputs are copied into
+static buffers, and one graph per (rows, slots) bucket replays the whole forward. Padding rows
+write their K/V into a scratch slot past the cache's end and attend to slot 0 only, so they touch
+nothing real. The same static path runs without capture on CPU (`static_shapes=True`), which is
+how the tests check the padding.
 """
 from __future__ import annotations
 
@@ -33,6 +38,9 @@ _STATIC_ROPE = ("default", "linear", "llama3")
 # grows, i.e. on nearly every draft step (H200: 58 ms vs 12 ms per 0.5B forward). The memory-
 # efficient kernel takes any (n, S) with a mask at no per-shape cost.
 _CUDA_SDPA = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+# Row buckets of the static (graph) path; a larger forward (a prompt's prefill) runs eagerly.
+_ROW_BUCKETS = (1, 2, 4, 8, 16, 32)
+_MIN_SLOTS = 256   # smallest slot bucket; buckets double up to max_len
 _DTYPE_KW = "dtype" if Version(transformers.__version__) >= Version("4.56") else "torch_dtype"
 
 
@@ -44,6 +52,19 @@ def default_dtype(device: torch.device) -> torch.dtype:
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     return torch.float32
+
+
+@dataclass
+class _Static:
+    """The inputs and output of one row bucket's forward, at fixed addresses (graph replay reads
+    and writes exactly these tensors)."""
+
+    tokens: torch.Tensor      # [rows] int64
+    positions: torch.Tensor   # [rows] int64
+    slots: torch.Tensor       # [rows] int64
+    attend: torch.Tensor      # [rows, max_len] bool
+    logits: torch.Tensor      # [rows, V] float32
+    used: int = 0             # real rows in the last forward; rows past it are padding
 
 
 @dataclass
@@ -137,7 +158,7 @@ class TorchLM:
     """The model's weights, a static KV cache of `max_len` slots, and one tree-attention forward."""
 
     def __init__(self, model: PreTrainedModel, *, max_len: int, device: torch.device,
-                 dtype: torch.dtype) -> None:
+                 dtype: torch.dtype, static_shapes: bool | None = None) -> None:
         cfg = model.config
         if cfg.model_type not in _MODEL_TYPES or cfg.hidden_act != "silu" \
                 or getattr(cfg, "use_sliding_window", False):
@@ -180,17 +201,24 @@ class TorchLM:
         emb = torch.cat((freqs, freqs), dim=-1)                                     # [max_len, D]
         self.cos = (emb.cos() * scale).to(device=device, dtype=dtype)               # [max_len, D]
         self.sin = (emb.sin() * scale).to(device=device, dtype=dtype)               # [max_len, D]
-        # K and V of every layer: [L, 2, Hkv, max_len, D]; slot s holds whatever token was written there.
-        self.cache = torch.zeros(len(self.layers), 2, self.n_kv, max_len, self.head_dim,
+        # K and V of every layer: [L, 2, Hkv, max_len + 1, D]; slot s holds whatever token was
+        # written there. Slot max_len is scratch: the static path's padding rows write into it.
+        self.cache = torch.zeros(len(self.layers), 2, self.n_kv, max_len + 1, self.head_dim,
                                  device=device, dtype=dtype)
+        self.static_shapes = device.type == "cuda" if static_shapes is None else static_shapes
+        self._graphed = device.type == "cuda" and self.static_shapes
+        self._static: dict[int, _Static] = {}                       # by row bucket
+        self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}  # by (rows, slots) bucket
+        self._pool = None                                           # the graphs' shared memory pool
 
     @classmethod
     def load(cls, path: str | Path, *, max_len: int = 4096, device: str | None = None,
-             dtype: torch.dtype | None = None) -> TorchLM:
+             dtype: torch.dtype | None = None, static_shapes: bool | None = None) -> TorchLM:
         dev = torch.device(device) if device is not None else default_device()
         dt = dtype if dtype is not None else default_dtype(dev)
         model = load_causal_lm(Path(path).expanduser(), dt)
-        return cls(model, max_len=max_len, device=dev, dtype=dt)  # the HF model is dropped here
+        return cls(model, max_len=max_len, device=dev, dtype=dt,   # the HF model is dropped here
+                   static_shapes=static_shapes)
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
@@ -198,8 +226,13 @@ class TorchLM:
         """Write the n tokens' K/V into `slots`; token i attends to the slots where attend[i] is True.
 
         tokens, positions, slots: [n] int64; attend: [n, S] bool over slots 0..S-1 (each row must
-        include the token's own slot). Returns fp32 logits [n, V], or [1, V] for the last token.
+        include the token's own slot). Returns fp32 logits [n, V], or [1, V] for the last token;
+        on the static path they live in a buffer the next forward overwrites (clone to keep them).
         """
+        n = tokens.shape[0]
+        if self.static_shapes and n <= _ROW_BUCKETS[-1]:
+            logits = self._forward_static(tokens, positions, slots, attend)
+            return logits[n - 1:n] if last_only else logits
         dev = self.device
         tokens, positions, slots = (t.to(dev, non_blocking=True) for t in (tokens, positions, slots))
         attend = attend.to(dev, non_blocking=True)
@@ -216,6 +249,80 @@ class TorchLM:
         if last_only:
             h = h[-1:]
         return F.linear(_rms(h, self.norm, self.eps), self.lm_head).float()  # [n, V]
+
+    def _forward_static(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+                        attend: torch.Tensor) -> torch.Tensor:
+        """`forward` through fixed shapes: rows padded to a bucket, slots to a power of two."""
+        n, s = tokens.shape[0], attend.shape[1]
+        rows = next(b for b in _ROW_BUCKETS if b >= n)
+        width = min(self.max_len, max(_MIN_SLOTS, 1 << (s - 1).bit_length()))
+        st = self._static.get(rows) or self._new_static(rows)
+        st.tokens[:n].copy_(tokens, non_blocking=True)
+        st.positions[:n].copy_(positions, non_blocking=True)
+        st.slots[:n].copy_(slots, non_blocking=True)
+        st.attend[:n, :s].copy_(attend, non_blocking=True)
+        if s < width:
+            st.attend[:n, s:width] = False
+        if n < st.used:
+            self._pad(st, n)   # last forward's extra rows would rewrite their (real) slots
+        st.used = n
+        if self._graphed:
+            graph = self._graphs.get((rows, width)) or self._capture(st, rows, width)
+            graph.replay()
+        else:
+            self._static_step(st, rows, width)
+        return st.logits[:n]
+
+    def _new_static(self, rows: int) -> _Static:
+        dev = self.device
+        st = _Static(tokens=torch.zeros(rows, dtype=torch.int64, device=dev),
+                     positions=torch.zeros(rows, dtype=torch.int64, device=dev),
+                     slots=torch.zeros(rows, dtype=torch.int64, device=dev),
+                     attend=torch.zeros(rows, self.max_len, dtype=torch.bool, device=dev),
+                     logits=torch.zeros(rows, self.vocab_size, dtype=torch.float32, device=dev))
+        self._pad(st, 0)
+        self._static[rows] = st
+        return st
+
+    def _pad(self, st: _Static, n: int) -> None:
+        """Rows n.. become padding: token 0 at position 0, written to the scratch slot, seeing
+        slot 0 only (always inside the attended width, so no row is fully masked)."""
+        st.tokens[n:] = 0
+        st.positions[n:] = 0
+        st.slots[n:] = self.max_len
+        st.attend[n:] = False
+        st.attend[n:, 0] = True
+
+    def _static_step(self, st: _Static, rows: int, width: int) -> None:
+        mask = torch.zeros(self.group * rows, width, device=self.device, dtype=self.dtype)
+        mask.masked_fill_(~st.attend[:, :width].repeat(self.group, 1), float("-inf"))
+        cos = self.cos[st.positions].unsqueeze(1)
+        sin = self.sin[st.positions].unsqueeze(1)
+        h = F.embedding(st.tokens, self.embed)
+        with self._sdpa_backends():
+            h = self._layers(h, cos, sin, st.slots, mask, rows, width)
+        st.logits.copy_(F.linear(_rms(h, self.norm, self.eps), self.lm_head))
+
+    def _capture(self, st: _Static, rows: int, width: int) -> torch.cuda.CUDAGraph:
+        """Record `_static_step` for this bucket. The warm-up runs execute, so the real rows are
+        saved and every row padded first: warm-up writes land in the scratch slot only."""
+        saved = [t.clone() for t in (st.tokens, st.positions, st.slots, st.attend)]
+        self._pad(st, 0)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                self._static_step(st, rows, width)
+        torch.cuda.current_stream().wait_stream(side)
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            self._static_step(st, rows, width)
+        for t, v in zip((st.tokens, st.positions, st.slots, st.attend), saved):
+            t.copy_(v)
+        self._graphs[(rows, width)] = graph
+        return graph
 
     def _sdpa_backends(self) -> contextlib.AbstractContextManager:
         return sdpa_kernel(_CUDA_SDPA) if self.device.type == "cuda" else contextlib.nullcontext()
@@ -243,6 +350,8 @@ class TorchLM:
     def close(self) -> None:
         """Free the weights and the cache (GPU memory goes back at once)."""
         self.layers.clear()
+        self._graphs.clear()
+        self._static.clear()
         self.cache = self.embed = self.lm_head = torch.empty(0)
         if self.device.type == "cuda":
             torch.cuda.empty_cache()

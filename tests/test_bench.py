@@ -28,17 +28,21 @@ def tiny_prompts(tiny):
         session.close()
 
 
-def test_all_configurations_side_by_side_with_identity_computed(tiny, tiny_prompts, tmp_path):
+@pytest.fixture
+def tiny_store(tiny, tmp_path):
+    """A scratch n-gram store learnt from held-out documents (the `ngram` stage's source)."""
     store = NgramStore.open(vocab_key(tiny.target_gguf), tmp_path / "ngrams.sqlite")
     session = Session(EngineConfig(tiny.target_gguf, speculation=False, n_ctx=512, n_threads=1))
     for i, doc in enumerate(held_out_corpus(60)[10:]):
         store.add("file", f"doc{i}", session.raw_prompt(doc))
     session.close()
-    try:
-        report = bench.run_bench(tiny.target_gguf, tiny.draft_gguf, tiny_prompts, list(bench.CONFIGS),
-                                 24, SamplingParams(), 512, store=store)
-    finally:
-        store.close()
+    yield store
+    store.close()
+
+
+def test_all_configurations_side_by_side_with_identity_computed(tiny, tiny_prompts, tiny_store):
+    report = bench.run_bench(tiny.target_gguf, tiny.draft_gguf, tiny_prompts, list(bench.CONFIGS),
+                             24, SamplingParams(), 512, store=tiny_store)
     rows = {r["config"]: r for r in report["rows"]}
     assert list(rows) == list(bench.CONFIGS)
     n = len(tiny_prompts)
@@ -52,6 +56,23 @@ def test_all_configurations_side_by_side_with_identity_computed(tiny, tiny_promp
     ngram = rows["ngram"]["stages"]["personal-ngram"]
     assert sum(ngram["proposed_by_depth"]) > 0 and sum(ngram["accepted_by_depth"]) > 0
     assert len(ngram["accepted_by_depth"]) == len(ngram["proposed_by_depth"])
+
+
+def test_pytorch_draft_runs_every_draft_configuration(tiny, tiny_prompts, tiny_store):
+    """A transformers folder as the draft runs in PyTorch (the GPU's draft runtime): same outputs
+    as plain, its own stage name, and its forward times as the adaptive budget's draft curve."""
+    names = ["plain", "draft-linear", "draft-tree", "adaptive"]
+    report = bench.run_bench(tiny.target_gguf, tiny.draft_torch, tiny_prompts, names, 24,
+                             SamplingParams(), 512, store=tiny_store, check=False)
+    rows = {r["config"]: r for r in report["rows"]}
+    n = len(tiny_prompts)
+    assert report["draft_runtime"].startswith("pytorch cpu")
+    for name in names[1:]:
+        assert rows[name]["identical"] == f"{n}/{n}", (name, rows[name])
+    torch_stage = rows["draft-linear"]["stages"]["torch-draft"]
+    assert sum(torch_stage["accepted_by_depth"]) > 0
+    assert set(report["calibration"]["draft_ms"]) == {1, 2, 4, 8}
+    assert all(ms > 0 for ms in report["calibration"]["draft_ms"].values())
 
 
 def test_identical_counts_what_matches_plain(tiny, tiny_prompts):

@@ -53,6 +53,12 @@ def _llama3(path: Path) -> tuple[Path, LlamaForCausalLM]:
     return _save(LlamaForCausalLM(cfg), path), LlamaForCausalLM.from_pretrained(path).eval()
 
 
+@pytest.fixture(params=[False, True], ids=["eager", "static"])
+def static(request) -> bool:
+    """Run a test on the eager forward and on the static-shape (CUDA-graph) path, uncaptured here."""
+    return request.param
+
+
 @pytest.fixture(scope="module")
 def qwen(tmp_path_factory) -> tuple[Path, Qwen2ForCausalLM]:
     return _qwen2(tmp_path_factory.mktemp("qwen2"))
@@ -79,9 +85,9 @@ def _children_chain(tree: DraftTree) -> list[int]:
 # -- (a) the forward itself -----------------------------------------------------------------------
 
 @pytest.mark.parametrize("build", [_qwen2, _llama3], ids=["qwen2", "llama3-rope-gqa4"])
-def test_tree_forward_matches_hf_full_forward(build, tmp_path):
+def test_tree_forward_matches_hf_full_forward(build, tmp_path, static):
     path, hf = build(tmp_path / "m")
-    lm = TorchLM.load(path, max_len=64, device="cpu")
+    lm = TorchLM.load(path, max_len=64, device="cpu", static_shapes=static)
     ctx = _context(9)
     n = len(ctx)
     # prefill, causal, in two pieces (the second reuses the first's cache)
@@ -113,6 +119,27 @@ def test_tree_forward_matches_hf_full_forward(build, tmp_path):
         np.testing.assert_allclose(out[i].numpy(), hf_logits(hf, ctx + path_toks), atol=ATOL)
 
 
+def test_static_padding_rows_touch_no_real_slot(qwen):
+    """A forward of fewer rows than the last one in the same bucket pads the leftover rows: they
+    must not rewrite the slots the previous forward wrote (those may hold live tree nodes)."""
+    path, hf = qwen
+    lm = TorchLM.load(path, max_len=64, device="cpu", static_shapes=True)
+    ctx = _context(9)
+    n = len(ctx)
+    idx = torch.arange(n)
+    lm.forward(torch.tensor(ctx), idx, idx, torch.ones(n, n, dtype=torch.bool).tril())
+    chain = [3, 14, 15, 92, 65, 35]                   # 6 rows: the 8-row bucket
+    attend = torch.ones(6, n + 6, dtype=torch.bool).tril(n)
+    pos = torch.arange(n, n + 6)
+    lm.forward(torch.tensor(chain), pos, pos, attend)
+    kept = lm.cache[:, :, :, n + 5].clone()            # the last node's K/V
+    other = [8, 9, 79, 32, 38]                         # 5 rows, same bucket, other tokens
+    out = lm.forward(torch.tensor(other), pos[:5], pos[:5], attend[:5, :n + 5])
+    assert torch.equal(lm.cache[:, :, :, n + 5], kept)
+    for i in range(5):
+        np.testing.assert_allclose(out[i].numpy(), hf_logits(hf, ctx + other[:i + 1]), atol=ATOL)
+
+
 # -- (b) greedy growth ----------------------------------------------------------------------------
 
 def _hf_greedy(hf, ctx: list[int], steps: int) -> list[int]:
@@ -126,11 +153,11 @@ def _hf_greedy(hf, ctx: list[int], steps: int) -> list[int]:
     return out
 
 
-def test_greedy_chain_is_hf_greedy_decoding(qwen):
+def test_greedy_chain_is_hf_greedy_decoding(qwen, static):
     path, hf = qwen
     ctx = _context(12)
     draft = TorchDraft.load(path, max_len=128, limits=DraftLimits(max_depth=6, branching=1, width=1),
-                            device="cpu")
+                            device="cpu", static_shapes=static)
     draft.begin(ctx)
     tree = DraftTree(64)
     tree.reset(ctx[-1])
@@ -139,10 +166,10 @@ def test_greedy_chain_is_hf_greedy_decoding(qwen):
     assert _children_chain(tree) == _hf_greedy(hf, ctx, 6)
 
 
-def test_greedy_tree_children_are_hf_top_tokens(qwen):
+def test_greedy_tree_children_are_hf_top_tokens(qwen, static):
     path, hf = qwen
     ctx = _context(10, seed=3)
-    draft = TorchDraft.load(path, max_len=128, device="cpu")  # default limits: depth 8, 2 children, width 4
+    draft = TorchDraft.load(path, max_len=128, device="cpu", static_shapes=static)  # default limits: depth 8, 2 children, width 4
     draft.begin(ctx)
     tree = DraftTree(64)
     tree.reset(ctx[-1])
@@ -166,10 +193,10 @@ def test_greedy_tree_children_are_hf_top_tokens(qwen):
 
 # -- (c) rollback and accept ----------------------------------------------------------------------
 
-def test_after_accept_root_and_children_dists_match_hf(qwen):
+def test_after_accept_root_and_children_dists_match_hf(qwen, static):
     path, hf = qwen
     ctx = _context(8, seed=5)
-    draft = TorchDraft.load(path, max_len=128, device="cpu")
+    draft = TorchDraft.load(path, max_len=128, device="cpu", static_shapes=static)
     draft.begin(ctx)
     tree = DraftTree(64)
     rng = np.random.default_rng(1)
@@ -214,11 +241,11 @@ def test_long_context_is_a_localspec_error(qwen):
     SamplingParams(temperature=1.3, top_p=0.7),
     SamplingParams(temperature=0.6),
 ], ids=["topk-topp", "topp-only", "temperature-only"])
-def test_sampling_children_carry_their_proposal(qwen, sampling):
+def test_sampling_children_carry_their_proposal(qwen, sampling, static):
     path, hf = qwen
     ctx = _context(10, seed=11)
     draft = TorchDraft.load(path, max_len=128, limits=DraftLimits(max_depth=4, branching=3, width=4),
-                            device="cpu")
+                            device="cpu", static_shapes=static)
     draft.begin(ctx)
     tree = DraftTree(64)
     tree.reset(ctx[-1])

@@ -12,6 +12,7 @@ only the small support crosses to numpy, mirroring `distribution.process` for th
 """
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Sequence
 
@@ -72,6 +73,30 @@ def greedy_rows(logits: torch.Tensor, branching: int) -> list[Dist]:
     return [Dist(i, p) for i, p in zip(ids, probs)]
 
 
+def measure_forward(lm: TorchLM, sizes: Sequence[int] = (1, 2, 4, 8), reps: int = 5,
+                    context: int = 64) -> dict[int, float]:
+    """Seconds per forward of n tree rows after `context` cached tokens: the draft's cost curve
+    for the adaptive budget (`calibrate.Costs.draft`). Fastest of `reps`; the first call of each
+    size (graph capture on a GPU) is not timed. Leaves nothing the next `begin` relies on."""
+    sizes = [n for n in sizes if context + n <= lm.max_len]
+    idx = torch.arange(context)
+    lm.forward(torch.arange(context) % lm.vocab_size, idx, idx,
+               torch.ones(context, context, dtype=torch.bool).tril())
+    sync = torch.cuda.synchronize if lm.device.type == "cuda" else (lambda: None)
+    best = {n: float("inf") for n in sizes}
+    for rep in range(reps + 1):
+        for n in sizes:
+            pos = torch.arange(context, context + n)
+            attend = torch.ones(n, context + n, dtype=torch.bool).tril(context)
+            sync()
+            t = time.perf_counter()
+            lm.forward((pos * 7 + 1000) % lm.vocab_size, pos, pos, attend)
+            sync()
+            if rep:
+                best[n] = min(best[n], time.perf_counter() - t)
+    return best
+
+
 class TorchDraft:
     """A `Drafter` (and `grow`'s `TreeEvaluator`) backed by a `TorchLM`."""
 
@@ -90,8 +115,10 @@ class TorchDraft:
 
     @classmethod
     def load(cls, path: str | Path, *, max_len: int = 4096, limits: DraftLimits = DraftLimits(),
-             device: str | None = None, dtype: torch.dtype | None = None) -> TorchDraft:
-        return cls(TorchLM.load(path, max_len=max_len, device=device, dtype=dtype), limits)
+             device: str | None = None, dtype: torch.dtype | None = None,
+             static_shapes: bool | None = None) -> TorchDraft:
+        return cls(TorchLM.load(path, max_len=max_len, device=device, dtype=dtype,
+                                static_shapes=static_shapes), limits)
 
     # -- Drafter -------------------------------------------------------------------------------
 
@@ -147,7 +174,7 @@ class TorchDraft:
                 causal = torch.ones(b - a, b, dtype=torch.bool).tril(a)   # row i sees slots 0..a+i
                 logits = self.lm.forward(ctx[a - start:b - start], idx, idx, causal, last_only=True)
             self.n_cached = end
-            self._root_logits = logits[0]                                 # [V]
+            self._root_logits = logits[0].clone()   # [V]; the static path reuses its buffer
         return self._dists(self._root_logits[None])[0]
 
     def evaluate(self, tree: DraftTree, nodes: Sequence[int]) -> list[Dist]:
