@@ -194,6 +194,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     sampling = _sampling(args)
     model = model_path(args.model, "Model")
     draft = model_path(args.draft, "Draft model") if args.draft else None
+    if draft is not None and (args.torch_draft or draft.is_dir()):
+        import localspec.engine.torch_lm  # noqa: F401  torch before any model loads (Session's note)
     probe = Session(EngineConfig(model, speculation=False, n_ctx=args.ctx))
     scratch = tempfile.TemporaryDirectory(prefix="localspec-bench-") if args.learn else None
     try:

@@ -141,7 +141,10 @@ class Engine:
                 self._propose(tree, shape, sampling, rng)
             tree = self._prune(tree, stats)
             t1 = time.perf_counter()
-            pad = min(shape.nodes + 1, self.target.room) if self.stable_shapes and shape.nodes else 0
+            # A root-only tree (no drafter had a guess) stays one token: padding it to the arm's
+            # size cost free arms more than CUDA-graph churn does (H200, edit workload).
+            pad = (min(shape.nodes + 1, self.target.room)
+                   if self.stable_shapes and shape.nodes and tree.n > 1 else 0)
             rows = self.target.verify(tree, pad)
             t2 = time.perf_counter()
             walk = self._walk(tree, rows, sampling, rng)
