@@ -81,10 +81,12 @@ class Engine:
         self.controller = AdaptiveBudget(arms) if len(arms) > 1 else None
         self._fixed = arms[0]
         self.stable_shapes = stable_shapes and self.controller is not None
-        # Pruning by expected value needs the cost curve; with stable shapes a batch is padded to
-        # the budget anyway, so every node is free to verify.
+        # Pruning by expected value needs the cost curve. With stable shapes a kept node costs
+        # nothing more (the batch is padded to the budget), but pruning a tree down to its root
+        # turns the round into a 1-token step: that is what stops a free drafter's long-shot
+        # guesses (personal n-grams, 8% accepted on the H200) from costing a padded batch a round.
         self._acceptance = (prune.AcceptanceModel(len(self.stages))
-                            if costs is not None and self.stages and not self.stable_shapes else None)
+                            if costs is not None and self.stages else None)
         self._kept = DraftTree(capacity=max(2, budget.max_nodes + 1))
         self._held = 0            # rounds left on the current arm (stable shapes)
         self._arm = 0
@@ -139,7 +141,7 @@ class Engine:
             tree.reset(root)
             if self.stages and shape.nodes > 0:
                 self._propose(tree, shape, sampling, rng)
-            tree = self._prune(tree, stats)
+            tree = self._prune(tree, stats, shape)
             t1 = time.perf_counter()
             # A root-only tree (no drafter had a guess) stays one token: padding it to the arm's
             # size cost free arms more than CUDA-graph churn does (H200, edit workload).
@@ -206,12 +208,16 @@ class Engine:
         if self._acceptance is not None and isinstance(learnt.get("acceptance"), dict):
             self._acceptance.load(learnt["acceptance"])
 
-    def _prune(self, tree: DraftTree, stats: DecodeStats) -> DraftTree:
+    def _prune(self, tree: DraftTree, stats: DecodeStats, shape: Arm) -> DraftTree:
         """The part of the tree worth verifying on this machine (prune.py): `tree` itself, or a
         copy of its kept nodes (drafters keep their own node numbering of `tree`)."""
         if self._acceptance is None or tree.n <= 1:
             return tree
-        keep = prune.choose(tree, self._acceptance.node_probs(tree), self.costs.target_cost)
+        cost = self.costs.target_cost
+        if self.stable_shapes:   # any tree beyond the root is verified padded to the arm's size
+            one, padded = cost(1), cost(shape.nodes + 1)
+            cost = lambda k: one if k <= 1 else padded  # noqa: E731
+        keep = prune.choose(tree, self._acceptance.node_probs(tree), cost)
         if keep.all():
             return tree
         stats.pruned += int(tree.n - keep.sum())

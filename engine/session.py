@@ -84,8 +84,8 @@ class Session:
     def __init__(self, cfg: EngineConfig) -> None:
         self.cfg = cfg
         if cfg.speculation and cfg.draft is not None and Path(cfg.draft).expanduser().is_dir():
-            # torch must load before llama.cpp has a model on the GPU: importing it afterwards
-            # aborted ("free(): invalid pointer") on the CUDA host.
+            # torch loads before any model does. On the CUDA host torch and llama.cpp also needed
+            # the system libstdc++ preloaded to share a process (tools/gpu-env.sh).
             from . import torch_lm  # noqa: F401
         n_seq = max(2, cfg.budget.max_nodes + 1) if cfg.speculation else 1
         self.model = LlamaModel(cfg.model, n_ctx=cfg.n_ctx, n_seq_max=n_seq,
