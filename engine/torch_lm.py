@@ -19,7 +19,8 @@ how the tests check the padding.
 from __future__ import annotations
 
 import contextlib
-import math
+import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -155,11 +156,48 @@ def load_causal_lm(path: Path, dtype: torch.dtype) -> PreTrainedModel:
         raise LocalspecError("Could not load the draft model", f"{path}: {e}", fix) from e
 
 
+def _decoder_layer(h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor,
+                   mask: torch.Tensor, kv: torch.Tensor, ln1: torch.Tensor, w_qkv: torch.Tensor,
+                   b_qkv: torch.Tensor | None, w_o: torch.Tensor, b_o: torch.Tensor | None,
+                   ln2: torch.Tensor, w_gu: torch.Tensor, b_gu: torch.Tensor | None,
+                   w_down: torch.Tensor, b_down: torch.Tensor | None, hq: int, hkv: int, s: int,
+                   eps: float, fused: bool) -> torch.Tensor:
+    """One decoder layer over n rows: writes their K/V into `kv` ([2, Hkv, slots, D]) at `slots`,
+    attends to slots 0..s-1 under `mask` ([g n, s] additive). A plain function of tensors so that
+    torch.compile makes one fused version of it for all layers of a shape.
+
+    fused=False: attention as two batched matmuls and a softmax instead of SDPA. For a few query
+    rows that is faster on a GPU: the memory-efficient kernel runs one block per KV head (2 for
+    the 0.5B draft) and took 32 us a layer on the H200, a third of the whole forward."""
+    n, d = h.shape[0], kv.shape[-1]
+    g = hq // hkv
+    x = _rms(h, ln1, eps)
+    qkv = F.linear(x, w_qkv, b_qkv).view(n, hq + 2 * hkv, d)
+    qk = _rope(qkv[:, :hq + hkv], cos, sin)      # [n, Hq + Hkv, D]: q and k rotated at once
+    q, k, v = qk[:, :hq], qk[:, hq:], qkv[:, hq + hkv:]
+    kv[0].index_copy_(1, slots, k.transpose(0, 1))  # K[:, slots] = k  ([Hkv, n, D])
+    kv[1].index_copy_(1, slots, v.transpose(0, 1))  # V[:, slots] = v
+    qg = q.reshape(n, hkv, g, d).permute(1, 2, 0, 3).reshape(1, hkv, g * n, d)
+    if fused:
+        o = F.scaled_dot_product_attention(
+            qg, kv[0, None, :, :s], kv[1, None, :, :s], attn_mask=mask)  # [1, Hkv, g n, D]
+    else:
+        scores = torch.baddbmm(mask.float(), qg[0].float(),               # [Hkv, g n, S]
+                               kv[0, :, :s].float().transpose(1, 2), alpha=d ** -0.5)
+        o = torch.bmm(torch.softmax(scores, dim=-1).to(h.dtype), kv[1, :, :s])
+    o = o.reshape(hkv, g, n, d).permute(2, 0, 1, 3).reshape(n, hq * d)  # [n, Hq D]
+    h = h + F.linear(o, w_o, b_o)
+    x = _rms(h, ln2, eps)
+    gate, up = F.linear(x, w_gu, b_gu).chunk(2, dim=-1)  # [n, I] each
+    return h + F.linear(F.silu(gate) * up, w_down, b_down)
+
+
 class TorchLM:
     """The model's weights, a static KV cache of `max_len` slots, and one tree-attention forward."""
 
     def __init__(self, model: PreTrainedModel, *, max_len: int, device: torch.device,
-                 dtype: torch.dtype, static_shapes: bool | None = None) -> None:
+                 dtype: torch.dtype, static_shapes: bool | None = None,
+                 compile: bool | None = None) -> None:
         cfg = model.config
         if cfg.model_type not in _MODEL_TYPES or cfg.hidden_act != "silu" \
                 or getattr(cfg, "use_sliding_window", False):
@@ -211,15 +249,22 @@ class TorchLM:
         self._static: dict[int, _Static] = {}                       # by row bucket
         self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}  # by (rows, slots) bucket
         self._pool = None                                           # the graphs' shared memory pool
+        # On a GPU the static path's layer is compiled (torch.compile fuses its ~30 small kernels;
+        # one compiled version serves all layers of a shape). LOCALSPEC_TORCH_COMPILE=0 turns it off.
+        if compile is None:
+            compile = device.type == "cuda" and os.environ.get("LOCALSPEC_TORCH_COMPILE", "1") != "0"
+        self._compiled_layer = (torch.compile(_decoder_layer, dynamic=True, fullgraph=True)
+                                if compile and self.static_shapes else None)
 
     @classmethod
     def load(cls, path: str | Path, *, max_len: int = 4096, device: str | None = None,
-             dtype: torch.dtype | None = None, static_shapes: bool | None = None) -> TorchLM:
+             dtype: torch.dtype | None = None, static_shapes: bool | None = None,
+             compile: bool | None = None) -> TorchLM:
         dev = torch.device(device) if device is not None else default_device()
         dt = dtype if dtype is not None else default_dtype(dev)
         model = load_causal_lm(Path(path).expanduser(), dt)
         return cls(model, max_len=max_len, device=dev, dtype=dt,   # the HF model is dropped here
-                   static_shapes=static_shapes)
+                   static_shapes=static_shapes, compile=compile)
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
@@ -271,7 +316,7 @@ class TorchLM:
             graph = self._graphs.get((rows, width)) or self._capture(st, rows, width)
             graph.replay()
         else:
-            self._static_step(st, rows, width)
+            self._checked_step(st, rows, width)
         return st.logits[:n]
 
     def _new_static(self, rows: int) -> _Static:
@@ -303,6 +348,19 @@ class TorchLM:
         h = self._layers(h, cos, sin, st.slots, mask, rows, width, fused=False)
         st.logits.copy_(F.linear(_rms(h, self.norm, self.eps), self.lm_head))
 
+    def _checked_step(self, st: _Static, rows: int, width: int) -> None:
+        """`_static_step`, falling back to the uncompiled layer for good if compiling fails (no
+        C compiler for Triton, an op inductor does not take): slower, never wrong."""
+        try:
+            self._static_step(st, rows, width)
+        except Exception as err:  # noqa: BLE001  (any compiler failure)
+            if self._compiled_layer is None:
+                raise
+            warnings.warn(f"torch.compile of the draft failed, running it uncompiled: {err}",
+                          stacklevel=2)
+            self._compiled_layer = None
+            self._static_step(st, rows, width)
+
     def _capture(self, st: _Static, rows: int, width: int) -> torch.cuda.CUDAGraph:
         """Record `_static_step` for this bucket. The warm-up runs execute, so the real rows are
         saved and every row padded first: warm-up writes land in the scratch slot only."""
@@ -312,7 +370,7 @@ class TorchLM:
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):
-                self._static_step(st, rows, width)
+                self._checked_step(st, rows, width)
         torch.cuda.current_stream().wait_stream(side)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
@@ -329,31 +387,11 @@ class TorchLM:
 
     def _layers(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor,
                 mask: torch.Tensor, n: int, s: int, fused: bool = True) -> torch.Tensor:
-        """fused=False: attention as two batched matmuls and a softmax instead of SDPA. For a few
-        query rows that is faster on a GPU: the memory-efficient kernel runs one block per KV head
-        (2 for the 0.5B draft) and took 32 us a layer on the H200, a third of the whole forward."""
-        hq, hkv, d, g = self.n_heads, self.n_kv, self.head_dim, self.group
-        scale = 1.0 / math.sqrt(d)
+        step = self._compiled_layer if not fused and self._compiled_layer is not None else _decoder_layer
         for layer, kv in zip(self.layers, self.cache):
-            x = _rms(h, layer.ln1, self.eps)
-            qkv = F.linear(x, layer.w_qkv, layer.b_qkv).view(n, hq + 2 * hkv, d)
-            qk = _rope(qkv[:, :hq + hkv], cos, sin)      # [n, Hq + Hkv, D]: q and k rotated at once
-            q, k, v = qk[:, :hq], qk[:, hq:], qkv[:, hq + hkv:]
-            kv[0].index_copy_(1, slots, k.transpose(0, 1))  # K[:, slots] = k  ([Hkv, n, D])
-            kv[1].index_copy_(1, slots, v.transpose(0, 1))  # V[:, slots] = v
-            qg = q.view(n, hkv, g, d).permute(1, 2, 0, 3).reshape(1, hkv, g * n, d)
-            if fused:
-                o = F.scaled_dot_product_attention(
-                    qg, kv[0, None, :, :s], kv[1, None, :, :s], attn_mask=mask)  # [1, Hkv, g n, D]
-            else:
-                scores = torch.baddbmm(mask.float(), qg[0].float(),               # [Hkv, g n, S]
-                                       kv[0, :, :s].float().transpose(1, 2), alpha=scale)
-                o = torch.bmm(torch.softmax(scores, dim=-1).to(self.dtype), kv[1, :, :s])
-            o = o.view(hkv, g, n, d).permute(2, 0, 1, 3).reshape(n, hq * d)  # [n, Hq D]
-            h = h + F.linear(o, layer.w_o, layer.b_o)
-            x = _rms(h, layer.ln2, self.eps)
-            gate, up = F.linear(x, layer.w_gu, layer.b_gu).chunk(2, dim=-1)  # [n, I] each
-            h = h + F.linear(F.silu(gate) * up, layer.w_down, layer.b_down)
+            h = step(h, cos, sin, slots, mask, kv, layer.ln1, layer.w_qkv, layer.b_qkv, layer.w_o,
+                     layer.b_o, layer.ln2, layer.w_gu, layer.b_gu, layer.w_down, layer.b_down,
+                     self.n_heads, self.n_kv, s, self.eps, fused)
         return h  # [n, H]
 
     def close(self) -> None:
