@@ -216,7 +216,7 @@ class Engine:
         cost = self.costs.target_cost
         if self.stable_shapes:   # any tree beyond the root is verified padded to the arm's size
             one, padded = cost(1), cost(shape.nodes + 1)
-            cost = lambda k: one if k <= 1 else padded  # noqa: E731
+            cost = lambda k: one if k <= 1 else padded
         keep = prune.choose(tree, self._acceptance.node_probs(tree), cost)
         if keep.all():
             return tree

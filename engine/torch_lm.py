@@ -353,7 +353,7 @@ class TorchLM:
         C compiler for Triton, an op inductor does not take): slower, never wrong."""
         try:
             self._static_step(st, rows, width)
-        except Exception as err:  # noqa: BLE001  (any compiler failure)
+        except Exception as err:  # any compiler failure
             if self._compiled_layer is None:
                 raise
             warnings.warn(f"torch.compile of the draft failed, running it uncompiled: {err}",

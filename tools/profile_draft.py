@@ -5,7 +5,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, "tools")
-import torch_draft_probe as probe  # noqa: E402
+import torch_draft_probe as probe
 
 lm = probe.build(True, sys.argv[1] if len(sys.argv) > 1 else None)
 ctx = 300

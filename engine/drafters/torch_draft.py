@@ -13,14 +13,17 @@ only the small support crosses to numpy, mirroring `distribution.process` for th
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import torch
 
 from ..config import DraftLimits, SamplingParams
-from ..distribution import _NUCLEUS_PROBE, Dist  # same probe width as the target's processing
+from ..distribution import (  # same probe width as the target's processing
+    _NUCLEUS_PROBE,
+    Dist,
+)
 from ..errors import LocalspecError
 from ..torch_lm import TorchLM
 from ..tree import DraftTree
