@@ -11,7 +11,7 @@ import platform
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -34,7 +34,12 @@ from localspec.engine.llama_model import (
     gpu_offload_supported,
 )
 from localspec.engine.numerics import first_difference, top2_gap
-from localspec.engine.session import EngineConfig, Session
+from localspec.engine.session import (
+    EngineConfig,
+    Session,
+    draft_runs_in_torch,
+    with_torch_draft,
+)
 
 from .humaneval_check import pass_at_1
 from .workloads import Prompt
@@ -147,7 +152,7 @@ def run_bench(target: Path, draft: Path | None, prompts: Sequence[Prompt], names
                                    budget=TreeBudget(max_nodes=max_nodes)))
     draft_model = None
     try:
-        if draft is not None and (torch_draft or draft.is_dir()):
+        if draft_runs_in_torch(draft, torch_draft):
             from localspec.engine.torch_lm import TorchLM
             draft_model = TorchLM.load(draft, max_len=n_ctx)
         elif draft is not None:
@@ -157,8 +162,7 @@ def run_bench(target: Path, draft: Path | None, prompts: Sequence[Prompt], names
             gguf = draft_model if isinstance(draft_model, LlamaModel) else None
             costs = calibrate(session.model, gguf, max_nodes)
             if draft_model is not None and gguf is None:
-                from localspec.engine.drafters.torch_draft import measure_forward
-                costs = replace(costs, draft=measure_forward(draft_model))
+                costs = with_torch_draft(costs, draft_model, draft)
         engines = _engines(session, draft_model, store, names, costs)
         results = {name: ConfigResult(name) for name in engines}
         started = time.time()

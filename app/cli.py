@@ -182,7 +182,7 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from localspec.app import bench, workloads
-    from localspec.engine.session import EngineConfig, Session
+    from localspec.engine.session import EngineConfig, Session, draft_runs_in_torch
 
     names = [n.strip() for n in args.configs.split(",") if n.strip()]
     unknown = [n for n in names if n not in bench.CONFIGS]
@@ -194,8 +194,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     sampling = _sampling(args)
     model = model_path(args.model, "Model")
     draft = model_path(args.draft, "Draft model") if args.draft else None
-    if draft is not None and (args.torch_draft or draft.is_dir()):
-        import localspec.engine.torch_lm  # noqa: F401  torch before any model loads (Session's note)
+    draft_runs_in_torch(draft, args.torch_draft)
     probe = Session(EngineConfig(model, speculation=False, n_ctx=args.ctx))
     scratch = tempfile.TemporaryDirectory(prefix="localspec-bench-") if args.learn else None
     try:

@@ -51,14 +51,24 @@ def _check_same_vocab(target: LlamaModel, draft: LlamaModel) -> None:
                                  "Use a draft from the target's model family (same tokenizer)")
 
 
-def with_torch_draft(costs: Costs, draft: Drafter, path: Path | None) -> Costs:
-    """`costs` with the PyTorch draft's forward times (measured now: seconds on a GPU) as the
-    draft curve, and learnt estimates kept apart from the GGUF draft's and the target's own."""
+def draft_runs_in_torch(path: Path | None, torch_draft: bool = False) -> bool:
+    """Whether the draft at `path` runs in PyTorch (a transformers folder always does, a .gguf
+    when asked); if so torch is imported now, before any llama.cpp model loads: the order every
+    GPU measurement used (with the system libstdc++ preloaded, tools/gpu-env.sh)."""
+    if path is None or not (torch_draft or Path(path).expanduser().is_dir()):
+        return False
+    from . import torch_lm  # noqa: F401
+    return True
+
+
+def with_torch_draft(costs: Costs, lm, path: Path | None) -> Costs:
+    """`costs` with the PyTorch draft's (a TorchLM's) forward times, measured now, as the draft
+    curve, and learnt estimates kept apart from the GGUF draft's and the target's own."""
     from .drafters.torch_draft import measure_forward
 
     tag = hashlib.sha256(str(Path(path).resolve() if path else "").encode()).hexdigest()[:8]
     file = costs.file.with_name(f"{costs.file.stem}-torch-{tag}.json") if costs.file else None
-    return replace(costs, draft=measure_forward(draft.lm), file=file)
+    return replace(costs, draft=measure_forward(lm), file=file)
 
 
 def _load_draft(path: Path, target: LlamaModel, cfg: EngineConfig) -> Drafter:
@@ -83,10 +93,8 @@ class Session:
 
     def __init__(self, cfg: EngineConfig) -> None:
         self.cfg = cfg
-        if cfg.speculation and cfg.draft is not None and Path(cfg.draft).expanduser().is_dir():
-            # torch loads before any model does. On the CUDA host torch and llama.cpp also needed
-            # the system libstdc++ preloaded to share a process (tools/gpu-env.sh).
-            from . import torch_lm  # noqa: F401
+        if cfg.speculation:
+            draft_runs_in_torch(cfg.draft)
         n_seq = max(2, cfg.budget.max_nodes + 1) if cfg.speculation else 1
         self.model = LlamaModel(cfg.model, n_ctx=cfg.n_ctx, n_seq_max=n_seq,
                                 n_gpu_layers=cfg.n_gpu_layers, n_threads=cfg.n_threads,
@@ -113,7 +121,7 @@ class Session:
                 self.costs = calibrate(self.model, draft, cfg.budget.max_nodes)
                 torch_draft = next((d for d in stages if d.name == "torch-draft"), None)
                 if torch_draft is not None:
-                    self.costs = with_torch_draft(self.costs, torch_draft, cfg.draft)
+                    self.costs = with_torch_draft(self.costs, torch_draft.lm, cfg.draft)
                 self._learnt_path = learnt_path(self.costs)
             stable = cfg.stable_shapes if cfg.stable_shapes is not None else self.model.n_gpu_layers != 0
             self.engine = Engine(Target(self.model), stages, cfg.budget if cfg.speculation else TreeBudget(0),

@@ -291,7 +291,7 @@ class TorchLM:
             ~attend.repeat(g, 1), float("-inf"))  # [g n, S]; row j*n + i is token i's
         h = F.embedding(tokens, self.embed)     # [n, H]
         with self._sdpa_backends():
-            h = self._layers(h, cos, sin, slots, mask, n, s)
+            h = self._layers(h, cos, sin, slots, mask, s)
         if last_only:
             h = h[-1:]
         return F.linear(_rms(h, self.norm, self.eps), self.lm_head).float()  # [n, V]
@@ -345,7 +345,7 @@ class TorchLM:
         cos = self.cos[st.positions].unsqueeze(1)
         sin = self.sin[st.positions].unsqueeze(1)
         h = F.embedding(st.tokens, self.embed)
-        h = self._layers(h, cos, sin, st.slots, mask, rows, width, fused=False)
+        h = self._layers(h, cos, sin, st.slots, mask, width, fused=False)
         st.logits.copy_(F.linear(_rms(h, self.norm, self.eps), self.lm_head))
 
     def _checked_step(self, st: _Static, rows: int, width: int) -> None:
@@ -386,7 +386,7 @@ class TorchLM:
         return sdpa_kernel(_CUDA_SDPA) if self.device.type == "cuda" else contextlib.nullcontext()
 
     def _layers(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor,
-                mask: torch.Tensor, n: int, s: int, fused: bool = True) -> torch.Tensor:
+                mask: torch.Tensor, s: int, fused: bool = True) -> torch.Tensor:
         step = self._compiled_layer if not fused and self._compiled_layer is not None else _decoder_layer
         for layer, kv in zip(self.layers, self.cache):
             h = step(h, cos, sin, slots, mask, kv, layer.ln1, layer.w_qkv, layer.b_qkv, layer.w_o,
