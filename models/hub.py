@@ -172,20 +172,18 @@ def remote_file(listing: RepoListing, name: str) -> RemoteFile:
         head = get_hf_file_metadata(hf_hub_url(listing.repo, name, revision=listing.commit))
     # Downloads go to /resolve/ again rather than to head.location: the hub redirects LFS files
     # to signed CDN addresses that expire, and a resumed multi-GB download can outlive one.
-    etag_sha = head.etag if head.etag and _SHA256.fullmatch(head.etag) else None
-    if lfs_sha and etag_sha and lfs_sha != etag_sha:
-        raise LocalspecError("The hub's metadata disagree", f"{listing.repo}:{name}: the listing "
-                             f"says sha256 {lfs_sha}, the file's etag {etag_sha}",
-                             "Try again later (the repo may be changing under you)")
-    sha256 = lfs_sha or etag_sha
-    git_sha1 = None
-    if sha256 is None:       # a small file kept in git: verify its blob id instead
-        etag_sha1 = head.etag if head.etag and _SHA1.fullmatch(head.etag) else None
-        if blob_id and etag_sha1 and blob_id != etag_sha1:
+    def agreed(listed: str | None, pattern: re.Pattern, what: str) -> str | None:
+        """The listing's hash or the etag's (when it is one of this kind); both must agree."""
+        from_etag = head.etag if head.etag and pattern.fullmatch(head.etag) else None
+        if listed and from_etag and listed != from_etag:
             raise LocalspecError("The hub's metadata disagree", f"{listing.repo}:{name}: the "
-                                 f"listing says blob {blob_id}, the file's etag {etag_sha1}",
+                                 f"listing says {what} {listed}, the file's etag {from_etag}",
                                  "Try again later (the repo may be changing under you)")
-        git_sha1 = blob_id or etag_sha1
+        return listed or from_etag
+
+    sha256 = agreed(lfs_sha, _SHA256, "sha256")
+    # a small file kept in git: verify its blob id instead
+    git_sha1 = agreed(blob_id, _SHA1, "blob") if sha256 is None else None
     if sha256 is None and git_sha1 is None:
         raise LocalspecError("The hub gives no hash for this file", f"{listing.repo}:{name} has "
                              "neither an LFS sha256 nor a git blob id, so it cannot be verified",
