@@ -20,6 +20,7 @@ import sys
 from dataclasses import dataclass, replace
 from typing import TextIO
 
+from localspec.engine.config import DEFAULT_TREE_NODES
 from localspec.engine.errors import LocalspecError
 
 from .paths import resolve_models
@@ -41,7 +42,7 @@ def add_ask(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--system", help="system prompt (default: the chat's settings)")
     p.add_argument("--ctx", type=int, default=4096, help="context size in tokens")
-    p.add_argument("--tree-nodes", type=int, default=16, help="largest draft tree per round")
+    p.add_argument("--tree-nodes", type=int, default=DEFAULT_TREE_NODES, help="largest draft tree per round")
     p.add_argument("--gpu-layers", type=int, default=-1, help="layers to offload to the GPU (-1 all)")
     p.add_argument("--stats", action="store_true", help="print speculation statistics to stderr")
     p.set_defaults(run=cmd_ask)

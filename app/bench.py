@@ -17,6 +17,7 @@ from typing import Callable, Sequence
 
 from localspec.engine.calibrate import Costs, calibrate
 from localspec.engine.config import (
+    DEFAULT_TREE_NODES,
     DraftLimits,
     GenerationRequest,
     SamplingParams,
@@ -63,7 +64,8 @@ CONFIGS = {
                               DraftLimits(max_depth=5, branching=2, width=4)),
     "staged": BenchConfig("staged", ("maxgram", "ngram", "draft"), TreeBudget(max_nodes=12),
                           DraftLimits(max_depth=6, branching=2, width=4)),
-    "adaptive": BenchConfig("adaptive", ("maxgram", "ngram", "draft"), TreeBudget(max_nodes=16, adaptive=True),
+    "adaptive": BenchConfig("adaptive", ("maxgram", "ngram", "draft"),
+                            TreeBudget(max_nodes=DEFAULT_TREE_NODES, adaptive=True),
                             DraftLimits(max_depth=6, branching=2, width=4)),
 }
 

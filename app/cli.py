@@ -13,6 +13,7 @@ import tempfile
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+from localspec.engine.config import DEFAULT_TREE_NODES
 from localspec.engine.errors import LocalspecError
 
 from .ask import add_ask
@@ -58,7 +59,7 @@ def _add_model_options(p: argparse.ArgumentParser, model_required: bool = True) 
     p.add_argument("--top-k", type=int, default=40, help="top-k filter when sampling (llama.cpp default 40; 0 = off)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--ctx", type=int, default=4096, help="context size in tokens")
-    p.add_argument("--tree-nodes", type=int, default=16, help="largest draft tree per round")
+    p.add_argument("--tree-nodes", type=int, default=DEFAULT_TREE_NODES, help="largest draft tree per round")
     p.add_argument("--fixed-budget", action="store_true",
                    help="always draft --tree-nodes nodes (default: pick 0..N per round by measured speed)")
     p.add_argument("--gpu-layers", type=int, default=-1, help="layers to offload to the GPU (-1 all)")
@@ -248,7 +249,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     print(f"target {model.name}: " + "  ".join(f"{n}: {ms} ms" for n, ms in costs.to_dict()["target_ms"].items()))
     if costs.draft:
         print(f"draft {draft.name}: " + "  ".join(f"{n}: {ms} ms" for n, ms in costs.to_dict()["draft_ms"].items()))
-    arms = TreeBudget(max_nodes=args.tree_nodes, adaptive=True).arms(with_models=draft is not None)
+    arms = TreeBudget(max_nodes=args.tree_nodes, adaptive=True).arms(with_models=draft is not None, pruned=True)
     limits = DraftLimits()   # what generate and chat draft with: the engine judges by the same
     kept = costs.viable(arms, limits.width, limits.max_depth)
     plain = 1 / costs.target_cost(1)

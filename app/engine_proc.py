@@ -29,6 +29,8 @@ import time
 from dataclasses import asdict, dataclass, field, fields
 from typing import IO, Iterator, Union
 
+from localspec.engine.config import DEFAULT_TREE_NODES
+
 
 @dataclass(frozen=True)
 class EngineSpec:
@@ -40,7 +42,7 @@ class EngineSpec:
     n_gpu_layers: int = -1
     speculation: bool = True
     personal: bool = True       # personal n-gram drafter
-    tree_nodes: int = 16
+    tree_nodes: int = DEFAULT_TREE_NODES
     n_threads: int | None = None
     use_draft: bool = True      # False: no draft model, not even an installed model's own
 

@@ -30,6 +30,9 @@ class SamplingParams:
             raise ValueError("top_k must be >= 0")
 
 
+DEFAULT_TREE_NODES = 32   # largest adaptive tree: a long Max-Gram copy, pruned to what pays
+
+
 @dataclass(frozen=True)
 class TreeBudget:
     """How big a draft tree each round may grow. adaptive: each round picks a budget from
@@ -38,15 +41,18 @@ class TreeBudget:
     max_nodes: int = 16
     adaptive: bool = False
 
-    def arms(self, with_models: bool = True) -> tuple[Arm, ...]:
+    def arms(self, with_models: bool = True, pruned: bool = False) -> tuple[Arm, ...]:
         """Fixed: the one tree size. Adaptive: plain, free drafters alone, and all drafters, at a
-        few sizes up to max_nodes."""
+        few sizes up to max_nodes (the model drafters at most 16: deeper guesses of a neural draft
+        cost a forward each). pruned: each round keeps only the nodes that pay (prune.py), which
+        picks the free drafters' size round by round, so they get one arm, the largest."""
         from .budget import Arm
 
         if not self.adaptive or self.max_nodes <= 0:
             return (Arm(self.max_nodes),)
-        sizes = sorted({n for n in (4, 8) if n < self.max_nodes} | {self.max_nodes})
-        free = tuple(Arm(n, models=False) for n in sizes)
+        sizes = sorted({n for n in (4, 8) if n < self.max_nodes} | {min(self.max_nodes, 16)})
+        free = ((Arm(self.max_nodes, models=False),) if pruned else
+                tuple(Arm(n, models=False) for n in sorted({*sizes, self.max_nodes})))
         full = tuple(Arm(n) for n in sizes) if with_models else ()
         return (Arm(0), *free, *full)
 

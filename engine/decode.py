@@ -70,7 +70,7 @@ class Engine:
         self.stages = list(stages)
         self.budget = budget
         with_models = self._has_models = any(d.uses_model for d in self.stages)
-        arms = budget.arms(with_models) if self.stages else (Arm(0),)
+        arms = budget.arms(with_models, pruned=costs is not None) if self.stages else (Arm(0),)
         self.dropped: tuple[Arm, ...] = ()
         if costs is not None and len(arms) > 1:
             limits = next((d.limits for d in self.stages if d.uses_model and hasattr(d, "limits")), None)

@@ -5,7 +5,7 @@ Drafters grow a tree up to the round's budget; verifying all of it is not always
 n-gram guess accepted 12% of the time costs more than it returns, while a Max-Gram chain accepted
 70% of the time pays. On a GPU the batch is nearly free and everything stays.
 
-`AcceptanceModel` keeps, per stage and depth, decayed counts of how often a node was accepted
+`AcceptanceModel` keeps, per stage, confidence class and depth, decayed counts of how often a node was accepted
 given that its parent was (the only case in which the verifier looks at it). A node's chance to be
 accepted is the product of those rates along its path. `choose` sorts the nodes by that chance and
 keeps the prefix that maximises (1 + expected accepted tokens) / cost(nodes + 1), the round's
@@ -21,16 +21,23 @@ from typing import Callable
 
 import numpy as np
 
-from .tree import DraftTree
+from .tree import HINTS, DraftTree
 
 
 class AcceptanceModel:
-    """P(node accepted | parent accepted), per stage and depth, from decayed counts."""
+    """P(node accepted | parent accepted), per stage, confidence class (`DraftTree.hint`) and depth,
+    from decayed counts.
 
-    def __init__(self, n_stages: int, max_depth: int = 32, decay: float = 0.995,
-                 prior: tuple[float, float] = (1.0, 1.0)) -> None:
-        self.accepted = np.full((max(1, n_stages), max_depth + 1), prior[0])
-        self.proposed = np.full((max(1, n_stages), max_depth + 1), prior[0] + prior[1])
+    A cell (stage, hint, depth) backs off to its (stage, hint) pool across depths with the weight
+    of BACKOFF observations, and the pool to 1/2 with one: a class seen a few times at depth 3
+    borrows what it showed at the other depths instead of starting from a coin flip."""
+
+    BACKOFF = 2.0
+
+    def __init__(self, n_stages: int, max_depth: int = 32, decay: float = 0.995) -> None:
+        shape = (max(1, n_stages), HINTS, max_depth + 1)
+        self.accepted = np.zeros(shape)
+        self.proposed = np.zeros(shape)
         self.decay = decay
         self.max_depth = max_depth
 
@@ -40,23 +47,26 @@ class AcceptanceModel:
     def load(self, state: dict) -> None:
         """A previous run's counts, where their shape matches (the same stages)."""
         accepted, proposed = np.asarray(state["accepted"], float), np.asarray(state["proposed"], float)
-        if accepted.shape == self.accepted.shape == proposed.shape and (proposed > 0).all():
+        if (accepted.shape == self.accepted.shape == proposed.shape
+                and (proposed >= accepted).all() and (accepted >= 0).all()):
             self.accepted, self.proposed = accepted, proposed
 
     def rates(self) -> np.ndarray:
-        return self.accepted / self.proposed
+        """[stages, HINTS, depth] the smoothed acceptance rates."""
+        pool = (self.accepted.sum(-1) + 0.5) / (self.proposed.sum(-1) + 1.0)
+        return (self.accepted + self.BACKOFF * pool[..., None]) / (self.proposed + self.BACKOFF)
 
     def node_probs(self, tree: DraftTree) -> np.ndarray:
         """[tree.n] chance each node is accepted (the root: 1)."""
         n = tree.n
-        rate = self.rates()
         depth = np.minimum(tree.depth[:n], self.max_depth)
         stage = np.maximum(tree.drafter[:n], 0)
-        local = rate[stage, depth]
+        local = self.rates()[stage, tree.hint[:n], depth]
         probs = np.empty(n)
         probs[0] = 1.0
+        parent = tree.parent
         for i in range(1, n):                 # parents come first: one pass
-            probs[i] = probs[tree.parent[i]] * local[i]
+            probs[i] = probs[parent[i]] * local[i]
         return probs
 
     def update(self, tree: DraftTree, path: tuple[int, ...]) -> None:
@@ -67,9 +77,10 @@ class AcceptanceModel:
         accepted = set(path)
         for i in range(1, tree.n):
             if int(tree.parent[i]) in on_path:
-                s, d = max(int(tree.drafter[i]), 0), min(int(tree.depth[i]), self.max_depth)
-                self.proposed[s, d] += 1.0
-                self.accepted[s, d] += float(i in accepted)
+                cell = (max(int(tree.drafter[i]), 0), int(tree.hint[i]),
+                        min(int(tree.depth[i]), self.max_depth))
+                self.proposed[cell] += 1.0
+                self.accepted[cell] += float(i in accepted)
 
 
 def choose(tree: DraftTree, probs: np.ndarray, cost: Callable[[int], float]) -> np.ndarray:

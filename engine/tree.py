@@ -11,11 +11,21 @@ The tree is reset and reused every round: no allocation per token on the hot pat
 """
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass
 
 import numpy as np
 
 from .distribution import Dist
+
+
+HINTS = 8   # confidence classes a drafter may tag its nodes with (prune.AcceptanceModel)
+_PROB_EDGES = (0.05, 0.1, 0.2, 0.35, 0.5, 0.7, 0.9)
+
+
+def prob_hint(p: float) -> int:
+    """The confidence class of a node its drafter gave probability `p` given its parent."""
+    return bisect_right(_PROB_EDGES, p)
 
 
 @dataclass(frozen=True)
@@ -35,6 +45,7 @@ class DraftTree:
         self.depth = np.zeros(capacity, np.int32)
         self.logp = np.zeros(capacity, np.float64)   # log prob of the path under its drafter
         self.drafter = np.full(capacity, -1, np.int16)  # index of the stage that proposed it
+        self.hint = np.zeros(capacity, np.int8)      # its drafter's confidence class, < HINTS
         self.children: list[list[int]] = [[] for _ in range(capacity)]
         # Distribution each node was drawn from, given its parent (None: proposed deterministically).
         self.proposal: list[Dist | None] = [None] * capacity
@@ -50,14 +61,16 @@ class DraftTree:
         self.depth[0] = 0
         self.logp[0] = 0.0
         self.drafter[0] = -1
+        self.hint[0] = 0
 
     @property
     def room(self) -> int:
         return self.capacity - self.n
 
     def add(self, parent: int, token: int, logp: float, drafter: int,
-            proposal: Dist | None = None) -> int:
-        """Append a child of `parent`; returns its index. Tokens must be unique among siblings."""
+            proposal: Dist | None = None, hint: int = 0) -> int:
+        """Append a child of `parent`; returns its index. Tokens must be unique among siblings.
+        hint: the drafter's confidence class for it (0..HINTS-1), what pruning conditions on."""
         if self.n >= self.capacity:
             raise IndexError("draft tree is full")
         i = self.n
@@ -68,6 +81,7 @@ class DraftTree:
         self.logp[i] = logp
         self.drafter[i] = drafter
         self.proposal[i] = proposal
+        self.hint[i] = hint
         self.children[parent].append(i)
         return i
 
@@ -79,7 +93,7 @@ class DraftTree:
         for i in range(1, self.n):
             if keep[i]:
                 out.add(int(index[self.parent[i]]), int(self.tokens[i]), float(self.logp[i]),
-                        int(self.drafter[i]), self.proposal[i])
+                        int(self.drafter[i]), self.proposal[i], int(self.hint[i]))
         return out
 
     def child_tokens(self, node: int) -> list[int]:

@@ -56,8 +56,40 @@ def test_acceptance_model_learns_per_stage_and_depth():
     probs = model.node_probs(t)
     assert probs[1] > 0.9 and probs[3] > 0.85
     assert probs[4] < 0.05
-    # node 5 (child of a rejected node) was never looked at: its rate keeps the prior
-    assert model.rates()[1, 2] == 0.5
+    # node 5 (child of a rejected node) was never looked at: its depth borrows what its stage and
+    # class showed at the other depths (rejected), not a coin flip
+    assert model.rates()[1, 0, 2] < 0.05
+    assert AcceptanceModel(2).rates()[1, 0, 2] == 0.5      # nothing seen at all: 1/2
+
+
+def test_acceptance_model_tells_confidence_classes_apart():
+    """Max-Gram chains after a long match are accepted, after a short one not: same stage and
+    depths, told apart by the node's hint, so pruning keeps the one and drops the other."""
+    model = AcceptanceModel(1, decay=1.0)
+    long_match, short_match = DraftTree(8), DraftTree(8)
+    for tree, hint in ((long_match, 6), (short_match, 1)):
+        tree.reset(5)
+        node = 0
+        for token in (10, 11, 12, 13):
+            node = tree.add(node, token, 0.0, 0, hint=hint)
+    for _ in range(40):
+        model.update(long_match, (1, 2, 3, 4))
+        model.update(short_match, ())
+    assert model.node_probs(long_match)[4] > 0.8
+    assert model.node_probs(short_match)[1] < 0.05
+    assert choose(long_match, model.node_probs(long_match), CPU).all()
+    assert choose(short_match, model.node_probs(short_match), CPU).tolist() == [True] + [False] * 4
+
+
+def test_acceptance_counts_survive_a_round_trip_and_reject_a_bad_shape():
+    model = AcceptanceModel(2, decay=1.0)
+    model.update(two_stage_tree(), (1, 2))
+    again = AcceptanceModel(2)
+    again.load(model.state())
+    assert np.array_equal(again.rates(), model.rates())
+    other = AcceptanceModel(3)
+    other.load(model.state())                    # other stages: ignored, starts fresh
+    assert (other.proposed == 0).all()
 
 
 def test_copy_kept_preserves_order_parents_and_proposals():
@@ -67,6 +99,14 @@ def test_copy_kept_preserves_order_parents_and_proposals():
     assert out.tokens[:4].tolist() == [5, 10, 11, 20]
     assert out.parent[:4].tolist() == [-1, 0, 1, 0]
     assert out.children[0] == [1, 3] and out.drafter[3] == 1
+
+
+def test_copy_kept_keeps_hints():
+    t = DraftTree(4)
+    t.reset(5)
+    t.add(0, 10, 0.0, 0, hint=7)
+    out = t.copy_kept(np.array([True, True]), DraftTree(4))
+    assert out.hint[1] == 7
 
 
 def _pruning_session(tiny) -> Session:

@@ -20,6 +20,7 @@ chain follows one child per node (the first the cheaper stage proposed).
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
@@ -27,7 +28,7 @@ import numpy as np
 
 from ..config import SamplingParams
 from ..distribution import Dist
-from ..tree import DraftTree
+from ..tree import DraftTree, prob_hint
 
 
 class TreeEvaluator(Protocol):
@@ -112,7 +113,8 @@ def grow(tree: DraftTree, stage: int, limits: GrowLimits, sampling: SamplingPara
             d.next += 1
             node = tree.child_with_token(d.node, token)
             if node < 0:
-                node = tree.add(d.node, token, tree.logp[d.node] + lq, stage, d.proposal)
+                node = tree.add(d.node, token, tree.logp[d.node] + lq, stage, d.proposal,
+                                prob_hint(math.exp(lq)))
                 added += 1
             elif tree.drafter[node] != stage:
                 tree.logp[node] = tree.logp[d.node] + lq   # adopted: its path logp under this drafter

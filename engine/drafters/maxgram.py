@@ -6,9 +6,16 @@ after its occurrences, updated incrementally as tokens are committed; proposing 
 suffix that occurred before and copies the continuation of its most recent occurrences, one chain
 per distinct next token. It has no distribution q, so its children are deterministic (the verifier's
 exact-match rule).
+
+Each chain is tagged (`DraftTree.hint`) with how long the copied stretch already agrees with the
+text just written: its match extended backwards, up to `MATCH_CAP` tokens. That is what predicts
+acceptance: inside a block being copied the match is long and the copy runs on for dozens of
+tokens; a 3-token coincidence in new prose mostly misses. Pruning (prune.py) learns the rate per
+class and depth, so a chain can be long (`max_depth`) and only the part that pays is verified.
 """
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -17,12 +24,20 @@ import numpy as np
 from ..config import SamplingParams
 from ..tree import DraftTree
 
+MATCH_CAP = 32                              # tokens compared backwards for a chain's hint
+_MATCH_EDGES = (3, 4, 6, 8, 12, 16, 32)     # match length -> hint 0..7
+
+
+def match_hint(length: int) -> int:
+    """The confidence class of a chain copied after a match of `length` tokens."""
+    return bisect_right(_MATCH_EDGES, length)
+
 
 @dataclass(frozen=True)
 class MaxGramLimits:
     max_n: int = 8        # longest suffix looked up
     min_n: int = 3        # shortest suffix worth trusting (1-2 token matches mostly miss)
-    max_depth: int = 8    # tokens copied per chain
+    max_depth: int = 32   # tokens copied per chain (pruning keeps the part that pays)
     branching: int = 2    # distinct continuations (chains) proposed
 
 
@@ -66,15 +81,24 @@ class MaxGram:
             if start >= end or toks[start] in seen:
                 continue
             seen.add(toks[start])
+            hint = match_hint(_match_length(toks, start, end, n))
             node = 0
             for tok in toks[start:start + lim.max_depth]:
                 child = tree.child_with_token(node, tok)
                 if child < 0:
                     if budget <= 0:
                         break
-                    child = tree.add(node, tok, 0.0, stage)
+                    child = tree.add(node, tok, 0.0, stage, hint=hint)
                     budget -= 1
                 node = child
 
     def close(self) -> None:
         self._tokens, self._follow = [], {}
+
+
+def _match_length(toks: list[int], start: int, end: int, known: int) -> int:
+    """How many tokens before `start` equal those before `end` (at least `known`), up to MATCH_CAP."""
+    n = known
+    while n < MATCH_CAP and start - n > 0 and toks[start - n - 1] == toks[end - n - 1]:
+        n += 1
+    return n

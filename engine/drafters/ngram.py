@@ -41,7 +41,7 @@ from typing import Protocol, Sequence
 import numpy as np
 
 from ..config import SamplingParams
-from ..tree import DraftTree
+from ..tree import DraftTree, prob_hint
 
 
 class CountSource(Protocol):
@@ -162,21 +162,21 @@ class PersonalNgram:
         if budget <= 0 or not self._tokens:
             return
         keep, max_depth = self.max_n - 1, self.limits.max_depth
-        heap: list = []     # (-path logp, tie, parent node, token, parent's history)
+        heap: list = []     # (-path logp, tie, parent node, token, parent's history, P(token|parent))
         tie = 0
 
         def expand(node: int, logp: float, hist: tuple[int, ...]) -> None:
             nonlocal tie
             for p, token in self.next_tokens(hist):
-                heapq.heappush(heap, (-(logp + math.log(p)), tie, node, token, hist))
+                heapq.heappush(heap, (-(logp + math.log(p)), tie, node, token, hist, p))
                 tie += 1
 
         expand(0, 0.0, tuple(self._tokens[-keep:]))
         while heap and budget > 0:
-            neg, _, parent, token, hist = heapq.heappop(heap)
+            neg, _, parent, token, hist, p = heapq.heappop(heap)
             child = tree.child_with_token(parent, token)
             if child < 0:                     # an earlier stage's child is adopted for free
-                child = tree.add(parent, token, -neg, stage)
+                child = tree.add(parent, token, -neg, stage, hint=prob_hint(p))
                 budget -= 1
             if tree.depth[child] < max_depth:
                 expand(child, -neg, (hist + (token,))[-keep:])

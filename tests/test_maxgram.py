@@ -1,0 +1,47 @@
+"""Max-Gram: what it copies, and the confidence class it tags each chain with."""
+from __future__ import annotations
+
+import numpy as np
+
+from localspec.engine.config import SamplingParams
+from localspec.engine.drafters.maxgram import MaxGram, MaxGramLimits, match_hint
+from localspec.engine.tree import DraftTree
+
+RNG = np.random.default_rng(0)
+
+
+def propose(context: list[int], budget: int = 32, limits: MaxGramLimits = MaxGramLimits()) -> DraftTree:
+    d = MaxGram(limits)
+    d.begin(context)
+    tree = DraftTree(64)
+    tree.reset(context[-1])
+    d.propose(tree, 0, budget, SamplingParams(), RNG)
+    return tree
+
+
+def chains(tree: DraftTree) -> list[list[int]]:
+    return [tree.path_tokens(tree.first_leaf_below(c)) for c in tree.children[0]]
+
+
+def test_copies_what_followed_the_most_recent_match_first():
+    block = list(range(100, 140))
+    context = [1, 2, 3, 50, 51] + [9, 9] + [1, 2, 3, 60, 61, 62] + [7] + [1, 2, 3]
+    tree = propose(context)
+    assert chains(tree) == [[60, 61, 62, 7, 1, 2, 3], [50, 51, 9, 9, 1, 2, 3, 60, 61, 62, 7, 1, 2, 3]]
+    # a long copied block: one chain as deep as the budget allows (no fixed 8-token cap)
+    tree = propose(block + [0] + block[:20], budget=16)
+    assert chains(tree) == [block[20:36]]
+
+
+def test_hint_grows_with_how_long_the_copy_already_agrees():
+    block = list(range(100, 160))
+    short = propose([5, 1, 2, 3, 40, 41, 42, 43, 6, 1, 2, 3])           # a 3-token coincidence
+    long = propose(block + [0] + block[:40])                             # 40 tokens copied so far
+    assert short.hint[1] == match_hint(3) < long.hint[1] == match_hint(32)
+    assert (long.hint[1:long.n] == long.hint[1]).all()                 # the whole chain shares it
+    assert [match_hint(n) for n in (2, 3, 4, 6, 8, 12, 16, 32, 99)] == [*range(8), 7]
+
+
+def test_no_match_shorter_than_min_n():
+    assert propose([1, 2, 9, 1, 2]).n == 1
+    assert propose([1, 2, 9, 1, 2], limits=MaxGramLimits(min_n=2)).n > 1
