@@ -38,6 +38,7 @@ DRAFT_SIZES = (1, 2, 4, 8)
 MAX_AGE = 30 * 24 * 3600   # seconds a cached measurement is trusted (drivers and builds change)
 _CONTEXT = 64         # tokens before the measured batch
 _REPS = 5
+_BURST = 4            # decodes in a row per size on a GPU: llama.cpp replays a CUDA graph from the third
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,9 @@ class Costs:
     target: dict[int, float]
     draft: dict[int, float]
     file: Path | None = None    # where they are cached (None: not cached)
+    # seconds lost when the target's batch shape changes and changes back (a CUDA graph rebuilt
+    # twice); 0 on a CPU. A speculative round entered from plain ones pays it.
+    switch: float = 0.0
 
     @staticmethod
     def _at(curve: dict[int, float], n: int) -> float:
@@ -86,7 +90,8 @@ class Costs:
 
     def to_dict(self) -> dict:
         return {"target_ms": {n: round(1e3 * s, 2) for n, s in self.target.items()},
-                "draft_ms": {n: round(1e3 * s, 2) for n, s in self.draft.items()}}
+                "draft_ms": {n: round(1e3 * s, 2) for n, s in self.draft.items()},
+                "switch_ms": round(1e3 * self.switch, 2)}
 
 
 def measure(models: Sequence[LlamaModel], sizes: Sequence[Sequence[int]],
@@ -95,6 +100,8 @@ def measure(models: Sequence[LlamaModel], sizes: Sequence[Sequence[int]],
 
     The models take turns batch by batch, repetition by repetition, so a noisy neighbour slows
     them alike and their ratios (what the budget compares) hold; the fastest repetition counts.
+    On a GPU each size is decoded _BURST times in a row and only the last two count: the steady
+    cost with llama.cpp's CUDA graph replayed (`measure_switch` prices leaving it).
     Leaves every model's cache empty."""
     plans = []
     for model, wanted in zip(models, sizes):
@@ -106,16 +113,40 @@ def measure(models: Sequence[LlamaModel], sizes: Sequence[Sequence[int]],
     try:
         for _ in range(reps):
             for model, ok, best in plans:
+                burst = _BURST if model.n_gpu_layers != 0 else 1
                 for n in ok:
                     tokens = (np.arange(n, dtype=np.int32) * 7 + 1000) % model.vocab_size
-                    t = time.perf_counter()
-                    model.decode(tokens, positions[:n], logits=True)
-                    best[n] = min(best[n], time.perf_counter() - t)
-                    model.seq_rm(0, _CONTEXT, -1)
+                    for b in range(burst):
+                        t = time.perf_counter()
+                        model.decode(tokens, positions[:n], logits=True)
+                        if b >= burst - 2:
+                            best[n] = min(best[n], time.perf_counter() - t)
+                        model.seq_rm(0, _CONTEXT, -1)
     finally:
         for model, _, _ in plans:
             model.clear()
     return [best for _, _, best in plans]
+
+
+def measure_switch(model: LlamaModel, big: int, steady: dict[int, float], pairs: int = 8) -> float:
+    """Seconds a round trip between batches of 1 and `big` tokens costs beyond their steady
+    costs (`steady`, from `measure`): on a GPU llama.cpp rebuilds its CUDA graph at each change of
+    shape. The median pair counts. Leaves the model's cache empty."""
+    model.clear()
+    model.prefill((np.arange(100, 100 + _CONTEXT, dtype=np.int32) % model.vocab_size).tolist(), 0)
+    positions = np.arange(_CONTEXT, _CONTEXT + big, dtype=np.int32)
+    extra = []
+    try:
+        for _ in range(pairs):
+            t = time.perf_counter()
+            for n in (1, big):
+                tokens = (np.arange(n, dtype=np.int32) * 7 + 1000) % model.vocab_size
+                model.decode(tokens, positions[:n], logits=True)
+                model.seq_rm(0, _CONTEXT, -1)
+            extra.append(time.perf_counter() - t - steady[1] - steady[big])
+    finally:
+        model.clear()
+    return max(0.0, float(np.median(extra)))
 
 
 def _fingerprint(models: Sequence[LlamaModel]) -> str:
@@ -197,10 +228,18 @@ def default_cache_dir() -> Path:
 
 def calibrate(target: LlamaModel, draft: LlamaModel | None, max_nodes: int,
               cache_dir: Path | None = None, refresh: bool = False) -> Costs:
-    """Cost curves of the target (batches up to max_nodes + 1) and of a GGUF draft."""
+    """Cost curves of the target (batches up to max_nodes + 1) and of a GGUF draft; with the
+    target on a GPU, also what a change of batch shape costs (`measure_switch`)."""
     top = max(2, max_nodes + 1)
     sizes = sorted({n for n in SIZES if n <= top} | {top})
     models, wanted = ([target], [sizes]) if draft is None else ([target, draft], [sizes, DRAFT_SIZES])
     path = cache_path(models, cache_dir or default_cache_dir())
     curves = cached_curves(models, wanted, path.parent, refresh, path)
-    return Costs(curves[0], curves[1] if draft is not None else {}, path)
+    switch = 0.0
+    if target.n_gpu_layers != 0 and top in curves[0]:
+        data = read_json(path)
+        switch = data.get("switch")
+        if not isinstance(switch, (int, float)):
+            switch = measure_switch(target, top, curves[0])
+            write_json(path, {**data, "switch": switch})
+    return Costs(curves[0], curves[1] if draft is not None else {}, path, float(switch))

@@ -90,6 +90,7 @@ class Engine:
         self._kept = DraftTree(capacity=max(2, budget.max_nodes + 1))
         self._held = 0            # rounds left on the current arm (stable shapes)
         self._arm = 0
+        self._plain_before = True  # the last round verified the root alone
         self._tree = DraftTree(capacity=max(2, budget.max_nodes + 1))
 
     def generate(self, request: GenerationRequest,
@@ -124,6 +125,7 @@ class Engine:
         tree = self._tree
         root = prompt[-1]
         self._held = 0
+        self._plain_before = True
         while True:
             if self.target.room < 2:
                 result.finish_reason = "context"
@@ -148,6 +150,7 @@ class Engine:
             pad = (min(shape.nodes + 1, self.target.room)
                    if self.stable_shapes and shape.nodes and tree.n > 1 else 0)
             rows = self.target.verify(tree, pad)
+            self._plain_before = tree.n <= 1
             t2 = time.perf_counter()
             walk = self._walk(tree, rows, sampling, rng)
             t3 = time.perf_counter()
@@ -216,6 +219,8 @@ class Engine:
         cost = self.costs.target_cost
         if self.stable_shapes:   # any tree beyond the root is verified padded to the arm's size
             one, padded = cost(1), cost(shape.nodes + 1)
+            if self._plain_before:   # leaving the 1-token shape costs a CUDA graph, both ways
+                padded += self.costs.switch
             cost = lambda k: one if k <= 1 else padded
         keep = prune.choose(tree, self._acceptance.node_probs(tree), cost)
         if keep.all():

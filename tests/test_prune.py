@@ -145,3 +145,31 @@ def test_pruned_trees_keep_the_target_distribution(tiny):
         assert total > 0, "the steep cost curve should prune some sampled nodes"
     finally:
         session.close()
+
+
+def test_a_gpu_round_leaving_the_one_token_shape_pays_the_graph_switch(tiny):
+    """With stable shapes a speculative round after plain ones rebuilds llama.cpp's CUDA graph
+    (Costs.switch): a chain worth its padded batch alone is dropped when it also has to pay
+    that, and kept once the speculative shape is already the current one."""
+    from localspec.engine.budget import Arm
+    from localspec.engine.drafters.maxgram import MaxGram
+    from localspec.engine.stats import DecodeStats
+
+    session = Session(EngineConfig(tiny.target_gguf, speculation=False, n_ctx=256, n_threads=1))
+    try:
+        costs = Costs({1: 1.0, 9: 1.5}, {}, switch=3.0)
+        engine = Engine(session.engine.target, [MaxGram()], TreeBudget(max_nodes=8, adaptive=True),
+                        costs, stable_shapes=True)
+        chain = DraftTree(16)
+        chain.reset(5)
+        node = 0
+        for token in (10, 11, 12):
+            node = chain.add(node, token, 0.0, 0, hint=3)
+        for _ in range(20):
+            engine._acceptance.update(chain, (1, 2))          # ~2/3 accepted: worth 1.5x a step
+        engine._plain_before = True
+        assert engine._prune(chain, DecodeStats(stages=[]), Arm(8, False)).n == 1
+        engine._plain_before = False
+        assert engine._prune(chain, DecodeStats(stages=[]), Arm(8, False)).n == 4
+    finally:
+        session.close()
