@@ -91,6 +91,7 @@ class Engine:
         self._held = 0            # rounds left on the current arm (stable shapes)
         self._arm = 0
         self._plain_before = True  # the last round verified the root alone
+        self._pruned_from: tuple[DraftTree, np.ndarray] | None = None   # this round's tree and keep mask
         self._tree = DraftTree(capacity=max(2, budget.max_nodes + 1))
 
     def generate(self, request: GenerationRequest,
@@ -143,6 +144,7 @@ class Engine:
             tree.reset(root)
             if self.stages and shape.nodes > 0:
                 self._propose(tree, shape, sampling, rng)
+            self._pruned_from = None
             tree = self._prune(tree, stats, shape)
             t1 = time.perf_counter()
             # A root-only tree (no drafter had a guess) stays one token: padding it to the arm's
@@ -157,9 +159,11 @@ class Engine:
             self.target.commit(tree, walk.path)
             t4 = time.perf_counter()
             stats.record_round(tree, walk.path)
+            new = [int(tree.tokens[n]) for n in walk.path] + [walk.token]
             if self._acceptance is not None:
                 self._acceptance.update(tree, walk.path)
-            new = [int(tree.tokens[n]) for n in walk.path] + [walk.token]
+                if self._pruned_from is not None:
+                    self._acceptance.observe_pruned(*self._pruned_from, new, sampling.greedy)
             text, emitted, reason = self._emit(new, result, stream, request.max_tokens)
             if emitted:
                 names = [self.stages[int(tree.drafter[n])].name for n in walk.path[:emitted]]
@@ -225,6 +229,7 @@ class Engine:
         keep = prune.choose(tree, self._acceptance.node_probs(tree), cost)
         if keep.all():
             return tree
+        self._pruned_from = (tree, keep)
         stats.pruned += int(tree.n - keep.sum())
         return tree.copy_kept(keep, self._kept)
 

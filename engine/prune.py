@@ -82,6 +82,27 @@ class AcceptanceModel:
                 self.proposed[cell] += 1.0
                 self.accepted[cell] += float(i in accepted)
 
+    def observe_pruned(self, tree: DraftTree, keep: np.ndarray, tokens: list[int], greedy: bool) -> None:
+        """Count the nodes pruned this round by what the target then chose (`tokens`, the round's
+        committed tokens). A node the verifier judges by exact match (every node when greedy, a
+        deterministic one when sampling) would have been accepted exactly when its token is the
+        target's, so its fate is known once the tokens below its parent are. Without this, a
+        class pruned while its rate was still a guess would never be seen again."""
+        node = 0
+        for token in tokens:
+            matched = -1
+            for c in tree.children[node]:
+                if not keep[c] and (greedy or tree.proposal[c] is None):
+                    cell = (max(int(tree.drafter[c]), 0), int(tree.hint[c]),
+                            min(int(tree.depth[c]), self.max_depth))
+                    self.proposed[cell] += 1.0
+                    self.accepted[cell] += float(tree.tokens[c] == token)
+                if tree.tokens[c] == token:
+                    matched = c
+            if matched < 0:
+                return
+            node = matched
+
 
 def choose(tree: DraftTree, probs: np.ndarray, cost: Callable[[int], float]) -> np.ndarray:
     """[tree.n] bool: the nodes worth verifying (the root always)."""

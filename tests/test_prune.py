@@ -173,3 +173,21 @@ def test_a_gpu_round_leaving_the_one_token_shape_pays_the_graph_switch(tiny):
         assert engine._prune(chain, DecodeStats(stages=[]), Arm(8, False)).n == 4
     finally:
         session.close()
+
+
+def test_pruned_nodes_are_judged_by_what_the_target_then_chose():
+    """A chain pruned on a guess is still learnt from: its tokens against the committed ones."""
+    model = AcceptanceModel(1, decay=1.0)
+    t = DraftTree(8)
+    t.reset(5)
+    a = t.add(0, 10, 0.0, 0, hint=6)
+    b = t.add(a, 11, 0.0, 0, hint=6)
+    t.add(b, 12, 0.0, 0, hint=6)
+    t.add(0, 20, 0.0, 0, hint=6)                   # a sibling the target did not take
+    nothing_kept = np.array([True, False, False, False, False])
+    model.observe_pruned(t, nothing_kept, [10, 11], greedy=True)   # the round committed 10, 11
+    # depths 1 and 2 of the chain were taken, the sibling was not, depth 3 is not known yet
+    assert model.proposed[0, 6, :4].tolist() == [0, 2, 1, 0]
+    assert model.accepted[0, 6, :4].tolist() == [0, 1, 1, 0]
+    model.observe_pruned(t, nothing_kept, [20], greedy=True)
+    assert model.accepted[0, 6, 1] == 2 and model.proposed[0, 6, 1] == 4
