@@ -41,20 +41,26 @@ class TreeBudget:
     max_nodes: int = 16
     adaptive: bool = False
 
-    def arms(self, with_models: bool = True, pruned: bool = False) -> tuple[Arm, ...]:
+    def arms(self, with_models: bool = True, pruned: bool = False,
+             with_free: bool = True) -> tuple[Arm, ...]:
         """Fixed: the one tree size. Adaptive: plain, free drafters alone, and all drafters, at a
         few sizes up to max_nodes (the model drafters at most 16: deeper guesses of a neural draft
         cost a forward each). pruned: each round keeps only the nodes that pay (prune.py), which
-        picks the free drafters' size round by round, so they get one arm, the largest."""
+        picks the free drafters' size round by round, so they get one arm, the largest, and it
+        replaces plain decoding: a round whose guesses do not pay is pruned to its root, which is
+        a plain step (a separate plain arm only kept speculation off for whole stretches, also
+        where a long Max-Gram match would have paid)."""
         from .budget import Arm
 
         if not self.adaptive or self.max_nodes <= 0:
             return (Arm(self.max_nodes),)
         sizes = sorted({n for n in (4, 8) if n < self.max_nodes} | {min(self.max_nodes, 16)})
-        free = ((Arm(self.max_nodes, models=False),) if pruned else
-                tuple(Arm(n, models=False) for n in sorted({*sizes, self.max_nodes})))
         full = tuple(Arm(n) for n in sizes) if with_models else ()
-        return (Arm(0), *free, *full)
+        if not with_free:
+            return (Arm(0), *full)
+        if pruned:
+            return (Arm(self.max_nodes, models=False), *full)
+        return (Arm(0), *(Arm(n, models=False) for n in sorted({*sizes, self.max_nodes})), *full)
 
 @dataclass(frozen=True)
 class DraftLimits:

@@ -70,17 +70,21 @@ class Engine:
         self.stages = list(stages)
         self.budget = budget
         with_models = self._has_models = any(d.uses_model for d in self.stages)
-        arms = budget.arms(with_models, pruned=costs is not None) if self.stages else (Arm(0),)
+        arms = (budget.arms(with_models, pruned=costs is not None,
+                            with_free=any(not d.uses_model for d in self.stages))
+                if self.stages else (Arm(0),))
         self.dropped: tuple[Arm, ...] = ()
         if costs is not None and len(arms) > 1:
             limits = next((d.limits for d in self.stages if d.uses_model and hasattr(d, "limits")), None)
             kept = costs.viable(arms, limits.width if limits else 4, limits.max_depth if limits else 8)
+            # the free drafters' arm stands in for plain decoding (pruned rounds can be plain steps)
+            kept = tuple(a for a in arms if a in kept or not a.models)
             self.dropped = tuple(a for a in arms if a not in kept)
             arms = kept
         self.costs = costs
         self.controller = AdaptiveBudget(arms) if len(arms) > 1 else None
         self._fixed = arms[0]
-        self.stable_shapes = stable_shapes and self.controller is not None
+        self.stable_shapes = stable_shapes and (self.controller is not None or costs is not None)
         # Pruning by expected value needs the cost curve. With stable shapes a kept node costs
         # nothing more (the batch is padded to the budget), but pruning a tree down to its root
         # turns the round into a 1-token step: that is what stops a free drafter's long-shot
