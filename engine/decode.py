@@ -25,6 +25,7 @@ from .target import Target
 from .text import TextStream
 from .tree import DraftTree
 from .verify import Walk, greedy_walk, sample_walk
+from .worth import StageWorth
 
 
 HOLD = 16   # rounds an adaptive choice is kept with stable shapes (a CUDA graph warms up in 2)
@@ -96,6 +97,9 @@ class Engine:
         self._arm = 0
         self._plain_before = True  # the last round verified the root alone
         self._pruned_from: tuple[DraftTree, np.ndarray] | None = None   # this round's tree and keep mask
+        # With a cost curve, a free stage runs only while it pays for its Python time (worth.py).
+        self._worth = StageWorth(len(self.stages)) if costs is not None and self.stages else None
+        self._ran = np.zeros(len(self.stages), bool)
         self._tree = DraftTree(capacity=max(2, budget.max_nodes + 1))
 
     def generate(self, request: GenerationRequest,
@@ -146,6 +150,7 @@ class Engine:
             arm = self._choose()
             shape = self.controller.arms[arm] if self.controller else self._fixed
             tree.reset(root)
+            self._ran[:] = False
             if self.stages and shape.nodes > 0:
                 self._propose(tree, shape, sampling, rng)
             self._pruned_from = None
@@ -168,6 +173,9 @@ class Engine:
                 self._acceptance.update(tree, walk.path)
                 if self._pruned_from is not None:
                     self._acceptance.observe_pruned(*self._pruned_from, new, sampling.greedy)
+            if self._worth is not None:
+                accepted = np.bincount(tree.drafter[list(walk.path)], minlength=len(self.stages))
+                self._worth.credit(self._ran, accepted)
             text, emitted, reason = self._emit(new, result, stream, request.max_tokens)
             if emitted:
                 names = [self.stages[int(tree.drafter[n])].name for n in walk.path[:emitted]]
@@ -277,7 +285,13 @@ class Engine:
                 if d.uses_model:
                     break
                 continue
-            d.propose(tree, stage, budget, sampling, rng)
+            if self._worth is None or d.uses_model:
+                d.propose(tree, stage, budget, sampling, rng)
+            elif self._worth.runs(stage, self.costs.target_cost(1)):
+                t = time.perf_counter()
+                d.propose(tree, stage, budget, sampling, rng)
+                self._worth.ran(stage, time.perf_counter() - t)
+                self._ran[stage] = True
 
     @staticmethod
     def _walk(tree: DraftTree, rows: np.ndarray, sampling: SamplingParams,
