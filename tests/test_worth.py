@@ -22,11 +22,15 @@ def play(worth: StageWorth, seconds: list[float], tokens: list[float], rounds: i
 
 
 def test_a_stage_that_costs_more_than_it_brings_runs_only_to_explore():
-    worth = StageWorth(2)
-    # stage 0: 10 us for 0.5 tokens a round (pays); stage 1: 400 us for 0.02 tokens (40 us worth)
-    counts = play(worth, [10e-6, 400e-6], [0.5, 0.02], 640)
-    assert counts[0] == 320
-    assert counts[1] == 320 // StageWorth.EXPLORE
+    worth = StageWorth(3)
+    # stage 0: 10 us for 0.5 tokens a round (pays); stage 1: 60 us for 0.02 tokens (40 us worth);
+    # stage 2: 400 us for the same 0.02 tokens
+    costs, tokens = [10e-6, 60e-6, 400e-6], [0.5, 0.02, 0.02]
+    play(worth, costs, tokens, 4096)                 # its estimates settle
+    counts = play(worth, costs, tokens, 2048)
+    assert counts[0] == 1024
+    assert 1024 // 64 <= counts[1] <= 1024 // 24                    # 1.5x short: every ~36 rounds
+    assert 1 <= counts[2] <= 1024 // StageWorth.MAX_INTERVAL + 1    # 10x short: as rarely as allowed
 
 
 def test_on_a_slow_machine_the_same_stage_pays():
