@@ -249,7 +249,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     print(f"target {model.name}: " + "  ".join(f"{n}: {ms} ms" for n, ms in costs.to_dict()["target_ms"].items()))
     if costs.draft:
         print(f"draft {draft.name}: " + "  ".join(f"{n}: {ms} ms" for n, ms in costs.to_dict()["draft_ms"].items()))
-    arms = TreeBudget(max_nodes=args.tree_nodes, adaptive=True).arms(with_models=draft is not None, pruned=True)
+    arms = TreeBudget(max_nodes=args.tree_nodes, adaptive=True).arms(
+        with_models=draft is not None, pruned=True, plain=target.n_gpu_layers == 0)
     limits = DraftLimits()   # what generate and chat draft with: the engine judges by the same
     kept = costs.viable(arms, limits.width, limits.max_depth)
     plain = 1 / costs.target_cost(1)

@@ -42,14 +42,17 @@ class TreeBudget:
     adaptive: bool = False
 
     def arms(self, with_models: bool = True, pruned: bool = False,
-             with_free: bool = True) -> tuple[Arm, ...]:
+             with_free: bool = True, plain: bool = True) -> tuple[Arm, ...]:
         """Fixed: the one tree size. Adaptive: plain, free drafters alone, and all drafters, at a
         few sizes up to max_nodes (the model drafters at most 16: deeper guesses of a neural draft
         cost a forward each). pruned: each round keeps only the nodes that pay (prune.py), which
-        picks the free drafters' size round by round, so they get one arm, the largest, and it
-        replaces plain decoding: a round whose guesses do not pay is pruned to its root, which is
-        a plain step (a separate plain arm only kept speculation off for whole stretches, also
-        where a long Max-Gram match would have paid)."""
+        picks the free drafters' size round by round, so they get one arm, the largest. Such an
+        arm can stand in for plain decoding (plain=False): a round whose guesses do not pay is
+        pruned to its root, a plain step. Where the controller's choice is held for many rounds
+        (GPUs, decode.HOLD) that is better: a held plain arm kept speculation off for whole
+        stretches, also where a long Max-Gram match would have paid (H200 edits 1.05x -> 1.75x).
+        Where it chooses every round (CPUs) a plain arm stays as a check on pruning's estimates,
+        which are optimistic on HumanEval there (2-core CPU, HumanEval[:20]: 1.04x without)."""
         from .budget import Arm
 
         if not self.adaptive or self.max_nodes <= 0:
@@ -59,7 +62,7 @@ class TreeBudget:
         if not with_free:
             return (Arm(0), *full)
         if pruned:
-            return (Arm(self.max_nodes, models=False), *full)
+            return (*((Arm(0),) if plain else ()), Arm(self.max_nodes, models=False), *full)
         return (Arm(0), *(Arm(n, models=False) for n in sorted({*sizes, self.max_nodes})), *full)
 
 @dataclass(frozen=True)

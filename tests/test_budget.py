@@ -41,9 +41,11 @@ def test_arms_of_fixed_and_adaptive_budgets():
                                                              Arm(4), Arm(8))
     assert TreeBudget(max_nodes=8, adaptive=True).arms(with_models=False) == (
         Arm(0), Arm(4, False), Arm(8, False))
-    # pruned rounds pick the free drafters' size themselves, down to a plain step: one free arm
-    # in place of plain decoding; models stop at 16
+    # pruned rounds pick the free drafters' size themselves, down to a plain step: one free arm,
+    # which may stand in for plain decoding; models stop at 16
     assert TreeBudget(max_nodes=32, adaptive=True).arms(pruned=True) == (
+        Arm(0), Arm(32, False), Arm(4), Arm(8), Arm(16))
+    assert TreeBudget(max_nodes=32, adaptive=True).arms(pruned=True, plain=False) == (
         Arm(32, False), Arm(4), Arm(8), Arm(16))
     assert TreeBudget(max_nodes=32, adaptive=True).arms(pruned=True, with_free=False) == (
         Arm(0), Arm(4), Arm(8), Arm(16))
