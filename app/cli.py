@@ -249,6 +249,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     print(f"target {model.name}: " + "  ".join(f"{n}: {ms} ms" for n, ms in costs.to_dict()["target_ms"].items()))
     if costs.draft:
         print(f"draft {draft.name}: " + "  ".join(f"{n}: {ms} ms" for n, ms in costs.to_dict()["draft_ms"].items()))
+    if costs.switch:
+        print(f"changing the batch shape and back (CUDA graphs rebuilt): {1e3 * costs.switch:.2f} ms")
     arms = TreeBudget(max_nodes=args.tree_nodes, adaptive=True).arms(
         with_models=draft is not None, pruned=True, plain=target.n_gpu_layers == 0)
     limits = DraftLimits()   # what generate and chat draft with: the engine judges by the same

@@ -57,12 +57,16 @@ class Engine:
     def __init__(self, target: Target, stages: Sequence[Drafter] = (),
                  budget: TreeBudget = TreeBudget(), costs: Costs | None = None,
                  stable_shapes: bool = False) -> None:
-        """costs: this machine's measured batch costs (calibrate.py); with an adaptive budget,
-        tree sizes that could not beat plain decoding even in the best case are never tried.
+        """costs: this machine's measured batch costs (calibrate.py). With them every round keeps
+        only the drafted nodes that pay (prune.py: expected acceptance by drafter, confidence
+        class and depth, against the batch cost), which is the per-round gate: a round with no
+        guess worth its batch is a plain step. With an adaptive budget, tree sizes that could not
+        beat plain decoding even in the best case are never tried.
 
         stable_shapes (for GPUs): the adaptive budget keeps its choice for HOLD rounds, and a round
-        of an N-node budget always verifies N + 1 tokens (padded), so llama.cpp sees the same batch
-        shape round after round and replays its CUDA graph (Target.verify)."""
+        that speculates verifies its budget's N + 1 tokens (padded), so llama.cpp sees the same
+        batch shape round after round and replays its CUDA graph (Target.verify); a speculative
+        round entered from plain ones also pays the graph rebuilds it causes (Costs.switch)."""
         for d in stages:
             vocab = getattr(d, "vocab_size", None)
             if vocab is not None and vocab != target.vocab_size:
@@ -90,7 +94,8 @@ class Engine:
         # Pruning by expected value needs the cost curve. With stable shapes a kept node costs
         # nothing more (the batch is padded to the budget), but pruning a tree down to its root
         # turns the round into a 1-token step: that is what stops a free drafter's long-shot
-        # guesses (personal n-grams, 8% accepted on the H200) from costing a padded batch a round.
+        # guesses (a 3-token Max-Gram coincidence, personal n-grams at 8% on the H200) from
+        # costing a padded batch and two CUDA-graph rebuilds a round.
         self._acceptance = (prune.AcceptanceModel(len(self.stages))
                             if costs is not None and self.stages else None)
         self._kept = DraftTree(capacity=max(2, budget.max_nodes + 1))
