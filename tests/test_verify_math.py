@@ -91,3 +91,16 @@ def test_greedy_walk_follows_argmax_and_returns_targets_token():
     rows[0, 3], rows[0, 2] = -1.0, 2.0   # root's argmax has no child: nothing accepted
     walk = greedy_walk(tree, rows)
     assert walk.path == () and walk.token == 2
+
+
+def test_top_dist_is_the_softmax_head():
+    from localspec.engine.distribution import top_dist
+
+    rng = np.random.default_rng(3)
+    row = (rng.standard_normal(5000) * 4).astype(np.float32)
+    p = np.exp(row.astype(np.float64) - row.max())
+    p /= p.sum()
+    for k in (1, 2, 4):
+        d = top_dist(row, k)
+        assert d.ids.tolist() == np.argsort(-p, kind="stable")[:k].tolist()
+        np.testing.assert_allclose(d.probs, np.sort(p)[::-1][:k], rtol=1e-5)
