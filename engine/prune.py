@@ -29,10 +29,14 @@ class AcceptanceModel:
     from decayed counts.
 
     A cell (stage, hint, depth) backs off to its (stage, hint) pool across depths with the weight
-    of BACKOFF observations, and the pool to 1/2 with one: a class seen a few times at depth 3
-    borrows what it showed at the other depths instead of starting from a coin flip."""
+    of BACKOFF observations, that pool to the stage's own rate with POOL_BACKOFF, and the stage to
+    1/2 with one: a class seen a few times at depth 3 borrows what it showed at the other depths
+    instead of starting from a coin flip. The shrinkage is strong on purpose: pruning keeps the
+    nodes whose estimates are highest, so a cell that looks good by chance would be picked.
+    """
 
-    BACKOFF = 2.0
+    BACKOFF = 8.0
+    POOL_BACKOFF = 4.0
 
     def __init__(self, n_stages: int, max_depth: int = 32, decay: float = 0.995) -> None:
         shape = (max(1, n_stages), HINTS, max_depth + 1)
@@ -53,7 +57,9 @@ class AcceptanceModel:
 
     def rates(self) -> np.ndarray:
         """[stages, HINTS, depth] the smoothed acceptance rates."""
-        pool = (self.accepted.sum(-1) + 0.5) / (self.proposed.sum(-1) + 1.0)
+        stage = (self.accepted.sum((1, 2)) + 0.5) / (self.proposed.sum((1, 2)) + 1.0)
+        pool = ((self.accepted.sum(-1) + self.POOL_BACKOFF * stage[:, None])
+                / (self.proposed.sum(-1) + self.POOL_BACKOFF))
         return (self.accepted + self.BACKOFF * pool[..., None]) / (self.proposed + self.BACKOFF)
 
     def node_probs(self, tree: DraftTree) -> np.ndarray:
