@@ -27,7 +27,6 @@ from .tree import DraftTree
 from .verify import Walk, greedy_walk, sample_walk
 from .worth import StageWorth
 
-
 HOLD = 16   # rounds an adaptive choice is kept with stable shapes (a CUDA graph warms up in 2)
 
 

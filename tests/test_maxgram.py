@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import numpy as np
-
 from localspec.engine.config import SamplingParams
 from localspec.engine.drafters.maxgram import MaxGram, MaxGramLimits, match_hint
 from localspec.engine.tree import DraftTree
@@ -10,8 +9,8 @@ from localspec.engine.tree import DraftTree
 RNG = np.random.default_rng(0)
 
 
-def propose(context: list[int], budget: int = 32, limits: MaxGramLimits = MaxGramLimits()) -> DraftTree:
-    d = MaxGram(limits)
+def propose(context: list[int], budget: int = 32, limits: MaxGramLimits | None = None) -> DraftTree:
+    d = MaxGram(limits or MaxGramLimits())
     d.begin(context)
     tree = DraftTree(64)
     tree.reset(context[-1])

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import numpy as np
-
 from localspec.engine.worth import StageWorth
 
 STEP = 2e-3   # a plain target step on a GPU, seconds
