@@ -94,6 +94,17 @@ class Costs:
                 "switch_ms": round(1e3 * self.switch, 2)}
 
 
+def _start(model: LlamaModel) -> None:
+    """An empty cache, then the _CONTEXT tokens every measured batch follows."""
+    model.clear()
+    model.prefill((np.arange(100, 100 + _CONTEXT, dtype=np.int32) % model.vocab_size).tolist(), 0)
+
+
+def _batch(model: LlamaModel, n: int) -> np.ndarray:
+    """The n tokens a measured batch decodes."""
+    return (np.arange(n, dtype=np.int32) * 7 + 1000) % model.vocab_size
+
+
 def measure(models: Sequence[LlamaModel], sizes: Sequence[Sequence[int]],
             reps: int = _REPS) -> list[dict[int, float]]:
     """Seconds per decode of n tokens after a short context, for each model and its sizes.
@@ -106,8 +117,7 @@ def measure(models: Sequence[LlamaModel], sizes: Sequence[Sequence[int]],
     plans = []
     for model, wanted in zip(models, sizes):
         ok = [n for n in wanted if n <= model.n_batch and n + _CONTEXT <= model.n_ctx]
-        model.clear()
-        model.prefill((np.arange(100, 100 + _CONTEXT, dtype=np.int32) % model.vocab_size).tolist(), 0)
+        _start(model)
         plans.append((model, ok, {n: math.inf for n in ok}))
     positions = np.arange(_CONTEXT, _CONTEXT + max(max(p[1], default=1) for p in plans), dtype=np.int32)
     try:
@@ -115,7 +125,7 @@ def measure(models: Sequence[LlamaModel], sizes: Sequence[Sequence[int]],
             for model, ok, best in plans:
                 burst = _BURST if model.n_gpu_layers != 0 else 1
                 for n in ok:
-                    tokens = (np.arange(n, dtype=np.int32) * 7 + 1000) % model.vocab_size
+                    tokens = _batch(model, n)
                     for b in range(burst):
                         t = time.perf_counter()
                         model.decode(tokens, positions[:n], logits=True)
@@ -132,16 +142,14 @@ def measure_switch(model: LlamaModel, big: int, steady: dict[int, float], pairs:
     """Seconds a round trip between batches of 1 and `big` tokens costs beyond their steady
     costs (`steady`, from `measure`): on a GPU llama.cpp rebuilds its CUDA graph at each change of
     shape. The median pair counts. Leaves the model's cache empty."""
-    model.clear()
-    model.prefill((np.arange(100, 100 + _CONTEXT, dtype=np.int32) % model.vocab_size).tolist(), 0)
+    _start(model)
     positions = np.arange(_CONTEXT, _CONTEXT + big, dtype=np.int32)
     extra = []
     try:
         for _ in range(pairs):
             t = time.perf_counter()
             for n in (1, big):
-                tokens = (np.arange(n, dtype=np.int32) * 7 + 1000) % model.vocab_size
-                model.decode(tokens, positions[:n], logits=True)
+                model.decode(_batch(model, n), positions[:n], logits=True)
                 model.seq_rm(0, _CONTEXT, -1)
             extra.append(time.perf_counter() - t - steady[1] - steady[big])
     finally:

@@ -75,6 +75,11 @@ class AcceptanceModel:
             probs[i] = probs[parent[i]] * local[i]
         return probs
 
+    def _cell(self, tree: DraftTree, node: int) -> tuple[int, int, int]:
+        """(stage, hint, depth) of a node: where its acceptance is counted."""
+        return (max(int(tree.drafter[node]), 0), int(tree.hint[node]),
+                min(int(tree.depth[node]), self.max_depth))
+
     def update(self, tree: DraftTree, path: tuple[int, ...]) -> None:
         """Count the nodes whose parent was accepted, and which of them were."""
         self.accepted *= self.decay
@@ -83,8 +88,7 @@ class AcceptanceModel:
         accepted = set(path)
         for i in range(1, tree.n):
             if int(tree.parent[i]) in on_path:
-                cell = (max(int(tree.drafter[i]), 0), int(tree.hint[i]),
-                        min(int(tree.depth[i]), self.max_depth))
+                cell = self._cell(tree, i)
                 self.proposed[cell] += 1.0
                 self.accepted[cell] += float(i in accepted)
 
@@ -99,8 +103,7 @@ class AcceptanceModel:
             matched = -1
             for c in tree.children[node]:
                 if not keep[c] and (greedy or tree.proposal[c] is None):
-                    cell = (max(int(tree.drafter[c]), 0), int(tree.hint[c]),
-                            min(int(tree.depth[c]), self.max_depth))
+                    cell = self._cell(tree, c)
                     self.proposed[cell] += 1.0
                     self.accepted[cell] += float(tree.tokens[c] == token)
                 if tree.tokens[c] == token:
