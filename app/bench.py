@@ -59,9 +59,9 @@ CONFIGS = {
     "maxgram": BenchConfig("maxgram", ("maxgram",), TreeBudget(max_nodes=8)),
     "ngram": BenchConfig("ngram", ("ngram",), TreeBudget(max_nodes=8)),
     "draft-linear": BenchConfig("draft-linear", ("draft",), TreeBudget(max_nodes=4),
-                                DraftLimits(max_depth=4, branching=1, width=1)),
+                                DraftLimits(max_depth=4, branching=1, width=1, chain=0)),
     "draft-tree": BenchConfig("draft-tree", ("draft",), TreeBudget(max_nodes=8),
-                              DraftLimits(max_depth=5, branching=2, width=4)),
+                              DraftLimits(max_depth=5, branching=2, width=4, chain=0)),
     "staged": BenchConfig("staged", ("maxgram", "ngram", "draft"), TreeBudget(max_nodes=12),
                           DraftLimits(max_depth=6, branching=2, width=4)),
     "adaptive": BenchConfig("adaptive", ("maxgram", "ngram", "draft"),
@@ -129,7 +129,8 @@ def _engines(target_session: Session, draft_model, store,
             elif stage == "ngram" and store is not None:
                 stages.append(PersonalNgram(store))
             elif stage == "draft" and isinstance(draft_model, LlamaModel):
-                stages.append(LlamaDraft(draft_model, cfg.draft_limits))
+                stages.append(LlamaDraft(draft_model, cfg.draft_limits,
+                                         stable_shapes=draft_model.n_gpu_layers != 0))
             elif stage == "draft" and draft_model is not None:
                 from localspec.engine.drafters.torch_draft import TorchDraft
                 stages.append(TorchDraft(draft_model, cfg.draft_limits))

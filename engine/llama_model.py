@@ -92,6 +92,7 @@ class LlamaModel:
         self._nseq = np.ctypeslib.as_array(self._batch.n_seq_id, shape=(cap,))  # [cap] int32
         self._out = np.ctypeslib.as_array(self._batch.logits, shape=(cap,))     # [cap] int8
         self._seq = [np.ctypeslib.as_array(self._batch.seq_id[i], shape=(n_seq_max,)) for i in range(cap)]
+        self._ramp = np.arange(cap, dtype=np.int32)                             # padding positions
         self._n_outputs = 0
         self._piece = ctypes.create_string_buffer(256)
 
@@ -138,14 +139,22 @@ class LlamaModel:
 
     # ---- decoding ---------------------------------------------------------------------------
     def decode(self, tokens: Sequence[int] | np.ndarray, positions: Sequence[int] | np.ndarray,
-               seq_ids: Sequence[Sequence[int]] | None = None, *, logits: bool | np.ndarray = True) -> None:
+               seq_ids: Sequence[Sequence[int]] | None = None, *, logits: bool | np.ndarray = True,
+               pad_to: int = 0, pad_seq: int = -1) -> None:
         """Decode one batch (<= n_batch tokens). seq_ids None: every token in sequence 0.
 
         logits: True for every token, False for the last only, or a bool mask.
+        pad_to: fill the batch up to this many rows with padding: copies of the first token at
+        positions 0.. in sequence `pad_seq`, which must be empty and shares no cell with any
+        other sequence, so no real token sees the padding; the caller removes it (seq_rm, or
+        keep_path of a real sequence). Every row then has logits. A batch of fixed shape lets
+        llama.cpp's CUDA backend replay its graph: after any change of shape it runs two calls
+        uncaptured, then captures again (ggml-cuda's warm-up).
         """
         n = len(tokens)
-        if n == 0 or n > self.n_batch:
-            raise ValueError(f"batch of {n} tokens (1..{self.n_batch} allowed)")
+        total = max(n, pad_to)
+        if n == 0 or total > self.n_batch:
+            raise ValueError(f"batch of {total} tokens (1..{self.n_batch} allowed)")
         self._tok[:n] = tokens
         self._pos[:n] = positions
         if seq_ids is None:
@@ -156,20 +165,29 @@ class LlamaModel:
             for i, ids in enumerate(seq_ids):
                 self._nseq[i] = len(ids)
                 self._seq[i][:len(ids)] = ids
-        if logits is True:
+        if total > n:
+            if not 0 <= pad_seq < self.n_seq_max:
+                raise ValueError(f"padding needs a sequence id in 0..{self.n_seq_max - 1}")
+            self._tok[n:total] = self._tok[0]
+            self._pos[n:total] = self._ramp[:total - n]
+            self._nseq[n:total] = 1
+            for i in range(n, total):
+                self._seq[i][0] = pad_seq
+            self._out[:total] = 1
+        elif logits is True:
             self._out[:n] = 1
         elif logits is False:
             self._out[:n] = 0
             self._out[n - 1] = 1
         else:
             self._out[:n] = logits
-        self._batch.n_tokens = n
+        self._batch.n_tokens = total
         rc = lc.llama_decode(self._ctx, self._batch)
         if rc != 0:
             raise LocalspecError("llama.cpp decode failed", f"code {rc}: {last_log()}",
                                  "The context is probably full: start a new conversation or "
                                  "raise --ctx")
-        self._n_outputs = int(self._out[:n].sum())
+        self._n_outputs = int(self._out[:total].sum())
 
     def logits(self) -> np.ndarray:
         """[n_outputs, vocab] float32: a zero-copy view, valid until the next decode."""

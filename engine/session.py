@@ -83,7 +83,7 @@ def _load_draft(path: Path, target: LlamaModel, cfg: EngineConfig) -> Drafter:
         return draft
     draft = LlamaDraft.load(path, n_ctx=cfg.n_ctx, max_nodes=cfg.budget.max_nodes,
                             n_gpu_layers=cfg.n_gpu_layers, n_threads=cfg.n_threads,
-                            limits=cfg.draft_limits)
+                            limits=cfg.draft_limits, stable_shapes=cfg.stable_shapes)
     _check_same_vocab(target, draft.model)
     return draft
 

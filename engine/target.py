@@ -73,15 +73,10 @@ class Target:
                              "target's limits")
         for seq in range(1, n_paths):
             self.model.seq_cp(0, seq, -1, -1)
-        pos = self._pos[:n]
-        np.add(layout.depth, self.n_past, out=pos[:tree.n])      # [n] position of each node
-        seq_ids = layout.seq_ids
-        tokens = tree.tokens[:tree.n]
-        if n > tree.n:
-            pos[tree.n:] = np.arange(n - tree.n, dtype=np.int32)
-            tokens = np.concatenate([tokens, np.full(n - tree.n, tree.tokens[0], np.int32)])
-            seq_ids = seq_ids + ((pad_seq,),) * (n - tree.n)
-        self.model.decode(tokens, pos, seq_ids, logits=True)
+        pos = self._pos[:tree.n]
+        np.add(layout.depth, self.n_past, out=pos)               # [tree.n] position of each node
+        self.model.decode(tree.tokens[:tree.n], pos, layout.seq_ids, logits=True,
+                          pad_to=n, pad_seq=pad_seq)
         self._layout = layout
         return self.model.logits()[:tree.n]
 

@@ -5,6 +5,12 @@ nodes live in sequences 1.. of the draft's own cache (the committed context is s
 extends its parent's sequence when it is the first child to do so, otherwise it starts a new one
 from a copy of the parent's path. After each round the tree sequences are dropped; committed
 tokens are fed again at the next root evaluation, together with the new root.
+
+On a GPU (`stable_shapes`) every forward has one shape: `pad` rows (the most a forward of `grow`
+evaluates: `width` nodes plus `chain` checked along), filled up with padding in a sequence of its
+own that is removed at once. ggml-cuda re-captures its CUDA graph after every change of batch
+shape, and a draft round's forwards otherwise alternate between the root's prefill and its nodes'
+batches: on the H200 a draft forward took 2.3 ms in a round against 1.0 ms steady.
 """
 from __future__ import annotations
 
@@ -27,9 +33,14 @@ class LlamaDraft:
     name = "gguf-draft"
     uses_model = True
 
-    def __init__(self, model: LlamaModel, limits: DraftLimits = DraftLimits()) -> None:
+    def __init__(self, model: LlamaModel, limits: DraftLimits = DraftLimits(),
+                 stable_shapes: bool = False) -> None:
         self.model = model
         self.limits = limits
+        # rows of every forward when shapes are kept stable (0: unpadded); the last sequence id
+        # holds the padding, so tree paths get the ids 1 .. n_seq_max - 2
+        self.pad = min(max(2, limits.width + limits.chain), model.n_batch) if stable_shapes else 0
+        self._pad_seq = model.n_seq_max - 1
         self.vocab_size = model.vocab_size
         self._context: list[int] = []
         self._cached = 0                    # committed tokens in sequence 0
@@ -41,9 +52,13 @@ class LlamaDraft:
 
     @classmethod
     def load(cls, path: str | Path, *, n_ctx: int, max_nodes: int, n_gpu_layers: int = -1,
-             n_threads: int | None = None, limits: DraftLimits = DraftLimits()) -> "LlamaDraft":
-        return cls(LlamaModel(path, n_ctx=n_ctx, n_seq_max=max_nodes + 2,
-                              n_gpu_layers=n_gpu_layers, n_threads=n_threads), limits)
+             n_threads: int | None = None, limits: DraftLimits = DraftLimits(),
+             stable_shapes: bool | None = None) -> "LlamaDraft":
+        """stable_shapes None: when the draft is offloaded to a GPU."""
+        model = LlamaModel(path, n_ctx=n_ctx, n_seq_max=max_nodes + 2,
+                           n_gpu_layers=n_gpu_layers, n_threads=n_threads)
+        stable = model.n_gpu_layers != 0 if stable_shapes is None else stable_shapes
+        return cls(model, limits, stable)
 
     # ---- Drafter protocol --------------------------------------------------------------------
     def begin(self, context: Sequence[int]) -> None:
@@ -58,7 +73,7 @@ class LlamaDraft:
 
     def propose(self, tree: DraftTree, stage: int, budget: int, sampling: SamplingParams,
                 rng: np.random.Generator) -> None:
-        room = self.model.n_ctx - len(self._context) - 1
+        room = self.model.n_ctx - len(self._context) - 1 - self.pad
         limits = GrowLimits(budget=min(budget, room, self.model.n_seq_max - 2),
                             max_depth=self.limits.max_depth, branching=self.limits.branching,
                             width=self.limits.width, chain=self.limits.chain)
@@ -99,12 +114,25 @@ class LlamaDraft:
 
     def evaluate_root(self, tree: DraftTree) -> Dist:
         todo = self._context[self._cached:]   # always holds at least the root
-        self.model.prefill(todo, self._cached)
+        if not self.pad:
+            self.model.prefill(todo, self._cached)
+            row = self.model.logits()[-1]
+        else:
+            start = self._cached
+            if len(todo) > 4 * self.pad:          # a long catch-up: one unpadded prefill first
+                bulk = len(todo) - self.pad
+                self.model.prefill(todo[:bulk], start)
+                todo, start = todo[bulk:], start + bulk
+            for lo in range(0, len(todo), self.pad):
+                chunk = todo[lo:lo + self.pad]
+                self._decode(chunk, np.arange(start + lo, start + lo + len(chunk), dtype=np.int32),
+                             None)
+            row = self.model.logits()[len(chunk) - 1]
         self._cached = len(self._context)
         self._seq_of = {0: 0}
         self._claimed = set()
         self._next_seq = 1
-        return self._dist(self.model.logits()[-1])
+        return self._dist(row)
 
     def evaluate(self, tree: DraftTree, nodes: Sequence[int]) -> list[Dist]:
         root_pos = self._cached - 1
@@ -122,9 +150,19 @@ class LlamaDraft:
             self._seq_of[node] = seq
             seqs.append((seq,))
         pos = root_pos + tree.depth[list(nodes)]
-        self.model.decode(tree.tokens[list(nodes)], pos, seqs, logits=True)
+        self._decode(tree.tokens[list(nodes)], pos, seqs)
         rows = self.model.logits()
         return [self._dist(rows[i]) for i in range(len(nodes))]
+
+    def _decode(self, tokens: Sequence[int] | np.ndarray, pos: np.ndarray,
+                seqs: Sequence[Sequence[int]] | None) -> None:
+        """One forward with logits for every token; padded to `pad` rows (then its padding is
+        removed at once) unless it is larger."""
+        if self.pad and len(tokens) <= self.pad:
+            self.model.decode(tokens, pos, seqs, logits=True, pad_to=self.pad, pad_seq=self._pad_seq)
+            self.model.seq_rm(self._pad_seq, -1, -1)
+        else:
+            self.model.decode(tokens, pos, seqs, logits=True)
 
     def rollback(self) -> None:
         for seq in range(1, self._next_seq):

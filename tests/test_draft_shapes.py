@@ -1,0 +1,82 @@
+"""Stable batch shapes for the GGUF draft (what a GPU needs to replay llama.cpp's CUDA graph).
+
+With `stable_shapes` every forward of the draft, root prefill and node batches alike, has the same
+number of rows: the draft pads them in a sequence of its own and removes the padding at once. The
+target's output must not change, and no padding may stay in the draft's cache.
+"""
+from __future__ import annotations
+
+import pytest
+from localspec.engine.config import DraftLimits, SamplingParams, TreeBudget
+from localspec.engine.session import EngineConfig, Session
+
+from tests.test_cascade import PROMPT
+
+
+def _session(tiny, stable: bool, limits: DraftLimits) -> Session:
+    return Session(EngineConfig(tiny.target_gguf, draft=tiny.draft_gguf, n_ctx=512, n_threads=1,
+                                budget=TreeBudget(max_nodes=12), draft_limits=limits,
+                                stable_shapes=stable))
+
+
+def _record_rows(drafter) -> list[int]:
+    rows: list[int] = []
+    decode = drafter.model.decode
+
+    def recording(tokens, positions, seq_ids=None, *, logits=True, pad_to=0, pad_seq=-1):
+        rows.append(max(len(tokens), pad_to))
+        return decode(tokens, positions, seq_ids, logits=logits, pad_to=pad_to, pad_seq=pad_seq)
+
+    drafter.model.decode = recording
+    return rows
+
+
+@pytest.mark.parametrize("limits", [DraftLimits(max_depth=4, branching=1, width=1, chain=0),
+                                    DraftLimits(max_depth=6, branching=2, width=2, chain=4)],
+                         ids=["linear", "tree-with-cascade"])
+def test_padded_draft_keeps_one_shape_and_the_targets_output(tiny, limits):
+    plain = Session(EngineConfig(tiny.target_gguf, speculation=False, n_ctx=512, n_threads=1))
+    try:
+        expect = plain.run(plain.raw_prompt(PROMPT), max_tokens=40).tokens
+    finally:
+        plain.close()
+
+    session = _session(tiny, True, limits)
+    drafter = session.stages[-1]
+    assert drafter.pad == max(2, limits.width + limits.chain)
+    rows = _record_rows(drafter)
+    try:
+        got = session.run(session.raw_prompt(PROMPT), max_tokens=40)
+        pad_seq = drafter.model.n_seq_max - 1
+        assert drafter.model.seq_pos_max(pad_seq) == -1, "padding left in the draft's cache"
+    finally:
+        session.close()
+    assert got.tokens == expect
+    # the first root evaluation brings the whole prompt in (unpadded, then a padded last chunk);
+    # every later forward of the draft has exactly `pad` rows
+    assert len(rows) > 10
+    assert set(rows[2:]) == {drafter.pad}, rows
+
+
+def test_unpadded_draft_on_cpu_by_default(tiny):
+    session = Session(EngineConfig(tiny.target_gguf, draft=tiny.draft_gguf, n_ctx=512, n_threads=1,
+                                   budget=TreeBudget(max_nodes=8)))
+    try:
+        drafter = session.stages[-1]
+        assert (drafter.pad > 0) == (drafter.model.n_gpu_layers != 0)
+    finally:
+        session.close()
+
+
+def test_padded_draft_in_sampling_mode_leaves_no_padding(tiny):
+    session = _session(tiny, True, DraftLimits(max_depth=4, branching=2, width=2, chain=2))
+    drafter = session.stages[-1]
+    rows = _record_rows(drafter)
+    try:
+        got = session.run(session.raw_prompt(PROMPT), max_tokens=30,
+                          sampling=SamplingParams(temperature=0.8, seed=3))
+        assert drafter.model.seq_pos_max(drafter.model.n_seq_max - 1) == -1
+    finally:
+        session.close()
+    assert len(got.tokens) > 0
+    assert set(rows[2:]) == {drafter.pad}, rows
