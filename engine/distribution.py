@@ -94,27 +94,51 @@ def process_full_sort(row: np.ndarray, params: SamplingParams) -> Dist:
 
 
 _scratch = np.empty(0, np.float32)   # top_dist's softmax buffer, reused: one per process
+_GROUPS = 256      # top_dist splits the row into this many interleaved groups
+_MARGIN = 12.0     # softmax sum over the columns whose max lies within this of the row's max
 
 
 def top_dist(row: np.ndarray, k: int) -> Dist:
-    """The k most likely tokens with their full-softmax probabilities (not renormalised to 1).
+    """The k most likely tokens with their softmax probabilities (not renormalised to 1).
 
-    Greedy drafting ranks candidates by these; sampling uses `process` instead. It runs once per
-    drafted node on a 152k-entry row, so it stays in float32 in a reused buffer (a float64 copy
-    of the row cost ~0.5 ms a node on the H200 host) and takes the argmax alone for a chain.
+    Greedy drafting ranks candidates by these (path probabilities, confidence classes); sampling
+    uses `process` instead, which is exact. This runs once per drafted node on a 152k-entry row,
+    so it reads the row once as a [_GROUPS, n / _GROUPS] matrix for its column maxima (an
+    elementwise max of contiguous rows: ~10 µs). The top k are exact: they lie in the k columns
+    with the highest maxima. The softmax sum is taken over the columns whose max lies within
+    _MARGIN of the row's when those are under half the row; the rest of the vocabulary is left
+    out, which overstates the probabilities by the mass left out (on the 0.5B Qwen draft's rows a
+    median 2e-4 and at most 1.3e-2 relative). A peaked row then costs ~30 µs against ~340 µs
+    for a partition and an exp pass over the whole row (2-core Xeon).
     """
     global _scratch
     n = row.shape[0]
     k = min(k, n)
-    if k == 1:
-        ids = np.array([int(row.argmax())])
-    else:
-        ids = np.argpartition(row, n - k)[n - k:]
-        ids = ids[np.argsort(-row[ids], kind="stable")]
+    width = n // _GROUPS
+    body = width * _GROUPS
+    if width < 2 * k:            # a tiny vocabulary: the whole row
+        ids = np.argsort(-row, kind="stable")[:k]
+        top = row[ids].astype(np.float64)
+        return Dist(ids.astype(np.int64), np.exp(top - top[0]) / np.exp(row - top[0]).sum(dtype=np.float64))
+    grid = row[:body].reshape(_GROUPS, width)        # entry (g, c) is token g * width + c
+    maxima = grid.max(axis=0)                        # [width]
+    cols = [int(maxima.argmax())] if k == 1 else np.argpartition(maxima, width - k)[width - k:]
+    cand = np.concatenate([(np.arange(_GROUPS)[:, None] * width + np.asarray(cols)).ravel(),
+                           np.arange(body, n)])      # the top k lie in here
+    vals = row[cand]
+    pick = np.argpartition(vals, vals.shape[0] - k)[vals.shape[0] - k:] if k > 1 else [int(vals.argmax())]
+    ids = cand[pick]
+    ids = ids[np.argsort(-row[ids], kind="stable")]
     top = row[ids].astype(np.float64)
-    if _scratch.shape[0] < n or _scratch.dtype != row.dtype:
-        _scratch = np.empty(n, row.dtype)
-    buf = _scratch[:n]
-    np.subtract(row, row[ids[0]], out=buf)
-    np.exp(buf, out=buf)
-    return Dist(ids.astype(np.int64), np.exp(top - top[0]) / float(buf.sum(dtype=np.float64)))
+    hot = np.flatnonzero(maxima > top[0] - _MARGIN)
+    if hot.shape[0] * 2 <= width:
+        part = grid[:, hot] - np.float32(top[0])
+        total = float(np.exp(part, out=part).sum(dtype=np.float64))
+        total += float(np.exp(row[body:].astype(np.float64) - top[0]).sum())
+    else:
+        if _scratch.shape[0] < n or _scratch.dtype != row.dtype:
+            _scratch = np.empty(n, row.dtype)
+        buf = _scratch[:n]
+        np.subtract(row, row.dtype.type(top[0]), out=buf)
+        total = float(np.exp(buf, out=buf).sum(dtype=np.float64))
+    return Dist(ids.astype(np.int64), np.exp(top - top[0]) / total)
