@@ -159,7 +159,8 @@ def run_bench(target: Path, draft: Path | None, prompts: Sequence[Prompt], names
             from localspec.engine.torch_lm import TorchLM
             draft_model = TorchLM.load(draft, max_len=n_ctx)
         elif draft is not None:
-            draft_model = LlamaModel(draft, n_ctx=n_ctx, n_seq_max=max_nodes + 2)
+            pad_seqs = max(CONFIGS[n].draft_limits.pad_rows for n in names) - 1
+            draft_model = LlamaModel(draft, n_ctx=n_ctx, n_seq_max=max_nodes + 1, n_pad_seqs=pad_seqs)
         costs = None
         if any(CONFIGS[n].budget.adaptive for n in names):
             gguf = draft_model if isinstance(draft_model, LlamaModel) else None

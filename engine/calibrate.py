@@ -236,9 +236,10 @@ def default_cache_dir() -> Path:
 
 def calibrate(target: LlamaModel, draft: LlamaModel | None, max_nodes: int,
               cache_dir: Path | None = None, refresh: bool = False) -> Costs:
-    """Cost curves of the target (batches up to max_nodes + 1) and of a GGUF draft; with the
-    target on a GPU, also what a change of batch shape costs (`measure_switch`)."""
-    top = max(2, max_nodes + 1)
+    """Cost curves of the target (batches up to max_nodes + 2: a full tree and its padding) and
+    of a GGUF draft; with the target on a GPU, also what a change of batch shape costs
+    (`measure_switch`)."""
+    top = max(2, max_nodes + 2)
     sizes = sorted({n for n in SIZES if n <= top} | {top})
     models, wanted = ([target], [sizes]) if draft is None else ([target, draft], [sizes, DRAFT_SIZES])
     path = cache_path(models, cache_dir or default_cache_dir())

@@ -74,6 +74,16 @@ class DraftLimits:
     width: int = 4
     chain: int = 8      # cheaper stages' nodes the draft checks along in each forward (0: off)
 
+    @property
+    def pad_rows(self) -> int:
+        """Rows of every draft forward when shapes are kept stable. A linear draft (width 1, no
+        chain) decodes one token per forward, which needs no padding; otherwise the most a forward
+        evaluates (width nodes and chain nodes checked along) and at least one row of padding,
+        which keeps the count of distinct sequence ids fixed (LlamaModel.decode)."""
+        if self.width + self.chain <= 1:
+            return 1
+        return max(3, self.width + self.chain + 1)
+
 
 @dataclass(frozen=True)
 class GenerationRequest:

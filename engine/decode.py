@@ -163,7 +163,7 @@ class Engine:
             t1 = time.perf_counter()
             # A root-only tree (no drafter had a guess) stays one token: padding it to the arm's
             # size cost free arms more than CUDA-graph churn does (H200, edit workload).
-            pad = (min(shape.nodes + 1, self.target.room)
+            pad = (min(shape.nodes + 2, self.target.room)
                    if self.stable_shapes and shape.nodes and tree.n > 1 else 0)
             rows = self.target.verify(tree, pad)
             self._plain_before = tree.n <= 1
@@ -239,7 +239,7 @@ class Engine:
             return tree
         cost = self.costs.target_cost
         if self.stable_shapes:   # any tree beyond the root is verified padded to the arm's size
-            one, padded = cost(1), cost(shape.nodes + 1)
+            one, padded = cost(1), cost(shape.nodes + 2)
             if self._plain_before:   # leaving the 1-token shape costs a CUDA graph, both ways
                 padded += self.costs.switch
             cost = lambda k: one if k <= 1 else padded

@@ -50,7 +50,10 @@ class LlamaModel:
     """Owns a llama.cpp model and context; close() frees them."""
 
     def __init__(self, path: str | Path, *, n_ctx: int = 4096, n_batch: int = 512,
-                 n_seq_max: int = 64, n_gpu_layers: int = -1, n_threads: int | None = None) -> None:
+                 n_seq_max: int = 64, n_gpu_layers: int = -1, n_threads: int | None = None,
+                 n_pad_seqs: int = 0) -> None:
+        """n_seq_max: sequence ids 0..n_seq_max-1 for the caller; n_pad_seqs more after them are
+        reserved for padding (decode's pad_to)."""
         self.info: GGUFInfo = read_gguf(path)
         self.path = self.info.path
         mparams = lc.llama_model_default_params()
@@ -69,7 +72,7 @@ class LlamaModel:
         cparams.n_ctx = n_ctx
         cparams.n_batch = n_batch
         cparams.n_ubatch = n_batch
-        cparams.n_seq_max = n_seq_max
+        cparams.n_seq_max = n_seq_max + n_pad_seqs
         cparams.kv_unified = True
         cparams.no_perf = True
         threads = self.n_threads = n_threads or default_threads()
@@ -84,15 +87,18 @@ class LlamaModel:
         self.n_ctx = lc.llama_n_ctx(self._ctx)
         self.n_batch = n_batch
         self.n_seq_max = n_seq_max
+        self.n_pad_seqs = n_pad_seqs
+        self._pad_used = 0               # padding sequences the last padded decode filled
         self._mem = lc.llama_get_memory(self._ctx)
-        self._batch = lc.llama_batch_init(n_batch, 0, n_seq_max)
+        all_seqs = n_seq_max + n_pad_seqs
+        self._batch = lc.llama_batch_init(n_batch, 0, all_seqs)
         cap = n_batch
         self._tok = np.ctypeslib.as_array(self._batch.token, shape=(cap,))     # [cap] int32
         self._pos = np.ctypeslib.as_array(self._batch.pos, shape=(cap,))       # [cap] int32
         self._nseq = np.ctypeslib.as_array(self._batch.n_seq_id, shape=(cap,))  # [cap] int32
         self._out = np.ctypeslib.as_array(self._batch.logits, shape=(cap,))     # [cap] int8
-        self._seq = [np.ctypeslib.as_array(self._batch.seq_id[i], shape=(n_seq_max,)) for i in range(cap)]
-        self._ramp = np.arange(cap, dtype=np.int32)                             # padding positions
+        self._seq = [np.ctypeslib.as_array(self._batch.seq_id[i], shape=(all_seqs,)) for i in range(cap)]
+        self._ramp = np.arange(max(cap, all_seqs), dtype=np.int32)              # padding positions, ids
         self._n_outputs = 0
         self._piece = ctypes.create_string_buffer(256)
 
@@ -140,19 +146,20 @@ class LlamaModel:
     # ---- decoding ---------------------------------------------------------------------------
     def decode(self, tokens: Sequence[int] | np.ndarray, positions: Sequence[int] | np.ndarray,
                seq_ids: Sequence[Sequence[int]] | None = None, *, logits: bool | np.ndarray = True,
-               pad_to: int = 0, pad_seq: int = -1) -> None:
+               pad_to: int = 0) -> None:
         """Decode one batch (<= n_batch tokens). seq_ids None: every token in sequence 0.
 
         logits: True for every token, False for the last only, or a bool mask.
-        pad_to: fill the batch up to this many rows with padding: copies of the first token at
-        positions 0.. in sequence `pad_seq`, which must be empty and shares no cell with any
-        other sequence, so no real token sees the padding; the caller removes it (seq_rm, or
-        keep_path of a real sequence). Every row then has logits. A batch of fixed shape lets
-        llama.cpp's CUDA backend replay its graph: after any change of shape it runs two calls
-        uncaptured, then captures again (ggml-cuda's warm-up).
+        pad_to: fill the batch up to this many rows (at least one is added) with padding, in
+        the reserved sequences, which share no cell with any other, so no real token sees it;
+        remove it with drop_padding() (or keep_path of a real sequence). Every row then has
+        logits. llama.cpp reuses its compute graph only while the batch's token count, output
+        count and number of distinct sequence ids hold, and ggml-cuda replays its CUDA graph
+        only after two calls of one shape: so the padding tops the distinct ids up to pad_to
+        (its first row carries the missing ids) and a padded batch always has one shape.
         """
         n = len(tokens)
-        total = max(n, pad_to)
+        total = max(n + 1, pad_to) if pad_to else n
         if n == 0 or total > self.n_batch:
             raise ValueError(f"batch of {total} tokens (1..{self.n_batch} allowed)")
         self._tok[:n] = tokens
@@ -161,18 +168,26 @@ class LlamaModel:
             self._nseq[:n] = 1
             for i in range(n):
                 self._seq[i][0] = 0
+            distinct = 1
         else:
             for i, ids in enumerate(seq_ids):
                 self._nseq[i] = len(ids)
                 self._seq[i][:len(ids)] = ids
-        if total > n:
-            if not 0 <= pad_seq < self.n_seq_max:
-                raise ValueError(f"padding needs a sequence id in 0..{self.n_seq_max - 1}")
+            distinct = len(set().union(*seq_ids)) if pad_to else 0
+        if pad_to:
+            need = total - distinct      # padding ids that bring the distinct ids up to total
+            if need > self.n_pad_seqs:
+                raise ValueError(f"padding {n} tokens to {total} needs {need} padding sequences; "
+                                 f"the context reserved {self.n_pad_seqs}")
+            base = self.n_seq_max
             self._tok[n:total] = self._tok[0]
             self._pos[n:total] = self._ramp[:total - n]
-            self._nseq[n:total] = 1
-            for i in range(n, total):
-                self._seq[i][0] = pad_seq
+            self._nseq[n] = need
+            self._seq[n][:need] = self._ramp[base:base + need]
+            self._nseq[n + 1:total] = 1
+            for i in range(n + 1, total):
+                self._seq[i][0] = base
+            self._pad_used = need
             self._out[:total] = 1
         elif logits is True:
             self._out[:n] = 1
@@ -211,6 +226,12 @@ class LlamaModel:
 
     def seq_keep(self, seq: int) -> None:
         lc.llama_memory_seq_keep(self._mem, seq)
+
+    def drop_padding(self) -> None:
+        """Remove the cells the last padded decode added."""
+        for seq in range(self.n_seq_max, self.n_seq_max + self._pad_used):
+            lc.llama_memory_seq_rm(self._mem, seq, -1, -1)
+        self._pad_used = 0
 
     def seq_pos_max(self, seq: int) -> int:
         return int(lc.llama_memory_seq_pos_max(self._mem, seq))

@@ -98,7 +98,8 @@ class Session:
         n_seq = max(2, cfg.budget.max_nodes + 1) if cfg.speculation else 1
         self.model = LlamaModel(cfg.model, n_ctx=cfg.n_ctx, n_seq_max=n_seq,
                                 n_gpu_layers=cfg.n_gpu_layers, n_threads=cfg.n_threads,
-                                n_batch=max(512, cfg.budget.max_nodes + 1))
+                                n_batch=max(512, cfg.budget.max_nodes + 2),
+                                n_pad_seqs=cfg.budget.max_nodes + 1 if cfg.speculation else 0)
         stages: list[Drafter] = []
         self.store = None
         try:

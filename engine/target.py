@@ -58,17 +58,17 @@ class Target:
     def verify(self, tree: DraftTree, pad_to: int = 0) -> np.ndarray:
         """Decode every tree node in one batch; returns [tree.n, vocab] logits (zero-copy view).
 
-        pad_to: fill the batch up to this many tokens with padding in a sequence of its own (the
-        last id), which shares no cell with the tree or the context, so no node sees it and
-        `commit` drops it. Every round then has the same batch shape: on a GPU llama.cpp replays its
-        CUDA graph instead of re-capturing it when the shape changes (measured on an H200: 1.78 ms
-        per single-token step when shapes hold, 2.69 ms when they alternate; tools/graph_shapes.py).
+        pad_to: fill the batch up to this many tokens (at least one more than the tree) with
+        padding in the context's reserved padding sequences, which share no cell with the tree or
+        the context, so no node sees it and `commit` drops it. Every round then has the same batch
+        shape: on a GPU llama.cpp reuses its graph and replays its CUDA graph instead of
+        re-capturing it when the shape changes (measured on an H200: 1.78 ms per single-token
+        step when shapes hold, 2.69 ms when they alternate; tools/graph_shapes.py).
         """
         layout = tree.layout()
         n_paths = len(layout.leaf_seq)
-        n = max(tree.n, pad_to)
-        pad_seq = self.model.n_seq_max - 1
-        if (n_paths > self.model.n_seq_max - (n > tree.n) or n > min(self.model.n_batch, self.room)):
+        n = max(tree.n + 1, pad_to) if pad_to else tree.n
+        if n_paths > self.model.n_seq_max or n > min(self.model.n_batch, self.room):
             raise ValueError(f"tree of {tree.n} nodes / {n_paths} paths (padded to {n}) exceeds the "
                              "target's limits")
         for seq in range(1, n_paths):
@@ -76,7 +76,7 @@ class Target:
         pos = self._pos[:tree.n]
         np.add(layout.depth, self.n_past, out=pos)               # [tree.n] position of each node
         self.model.decode(tree.tokens[:tree.n], pos, layout.seq_ids, logits=True,
-                          pad_to=n, pad_seq=pad_seq)
+                          pad_to=n if pad_to else 0)
         self._layout = layout
         return self.model.logits()[:tree.n]
 

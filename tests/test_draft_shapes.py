@@ -19,13 +19,18 @@ def _session(tiny, stable: bool, limits: DraftLimits) -> Session:
                                 stable_shapes=stable))
 
 
+def _reused(model) -> int:
+    import llama_cpp as lc
+    return int(lc.llama_perf_context(model._ctx).n_reused)
+
+
 def _record_rows(drafter) -> list[int]:
     rows: list[int] = []
     decode = drafter.model.decode
 
-    def recording(tokens, positions, seq_ids=None, *, logits=True, pad_to=0, pad_seq=-1):
-        rows.append(max(len(tokens), pad_to))
-        return decode(tokens, positions, seq_ids, logits=logits, pad_to=pad_to, pad_seq=pad_seq)
+    def recording(tokens, positions, seq_ids=None, *, logits=True, pad_to=0):
+        rows.append(max(len(tokens) + 1, pad_to) if pad_to else len(tokens))
+        return decode(tokens, positions, seq_ids, logits=logits, pad_to=pad_to)
 
     drafter.model.decode = recording
     return rows
@@ -43,12 +48,15 @@ def test_padded_draft_keeps_one_shape_and_the_targets_output(tiny, limits):
 
     session = _session(tiny, True, limits)
     drafter = session.stages[-1]
-    assert drafter.pad == max(2, limits.width + limits.chain)
+    assert drafter.pad == limits.pad_rows
     rows = _record_rows(drafter)
     try:
+        before = _reused(drafter.model)
         got = session.run(session.raw_prompt(PROMPT), max_tokens=40)
-        pad_seq = drafter.model.n_seq_max - 1
-        assert drafter.model.seq_pos_max(pad_seq) == -1, "padding left in the draft's cache"
+        reused = _reused(drafter.model) - before
+        model = drafter.model
+        for seq in range(model.n_seq_max, model.n_seq_max + model.n_pad_seqs):
+            assert model.seq_pos_max(seq) == -1, "padding left in the draft's cache"
     finally:
         session.close()
     assert got.tokens == expect
@@ -56,6 +64,8 @@ def test_padded_draft_keeps_one_shape_and_the_targets_output(tiny, limits):
     # every later forward of the draft has exactly `pad` rows
     assert len(rows) > 10
     assert set(rows[2:]) == {drafter.pad}, rows
+    # and llama.cpp reuses one compute graph for them: same rows, outputs and distinct sequences
+    assert reused >= len(rows) - 3, (reused, len(rows))
 
 
 def test_unpadded_draft_on_cpu_by_default(tiny):
@@ -75,7 +85,9 @@ def test_padded_draft_in_sampling_mode_leaves_no_padding(tiny):
     try:
         got = session.run(session.raw_prompt(PROMPT), max_tokens=30,
                           sampling=SamplingParams(temperature=0.8, seed=3))
-        assert drafter.model.seq_pos_max(drafter.model.n_seq_max - 1) == -1
+        model = drafter.model
+        assert all(model.seq_pos_max(s) == -1
+                   for s in range(model.n_seq_max, model.n_seq_max + model.n_pad_seqs))
     finally:
         session.close()
     assert len(got.tokens) > 0

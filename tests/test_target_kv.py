@@ -17,7 +17,7 @@ ATOL = 2e-3   # batch composition changes llama.cpp's float summation order, not
 
 @pytest.fixture(scope="module")
 def models(tiny):
-    a = LlamaModel(tiny.target_gguf, n_ctx=256, n_seq_max=8, n_threads=1)
+    a = LlamaModel(tiny.target_gguf, n_ctx=256, n_seq_max=8, n_threads=1, n_pad_seqs=11)
     b = LlamaModel(tiny.target_gguf, n_ctx=256, n_seq_max=1, n_threads=1)
     yield a, b
     a.close()
@@ -110,7 +110,41 @@ def test_padded_verify_is_invisible_and_committed_away(models, nodes):
     target.commit(tree, path)
     kept = context + [int(tree.tokens[n]) for n in path]
     assert model.seq_pos_max(0) == len(kept) - 1
-    for seq in range(1, model.n_seq_max):
+    for seq in range(1, model.n_seq_max + model.n_pad_seqs):   # padding sequences included
         assert model.seq_pos_max(seq) == -1, f"sequence {seq} still holds cells"
     model.decode([51], [target.n_past])
     np.testing.assert_allclose(model.logits()[0], fresh_logits(ref, kept + [51])[-1], atol=ATOL)
+
+
+def test_padded_verifies_of_different_trees_reuse_one_llama_graph(models):
+    """llama.cpp rebuilds its compute graph when the batch's count of distinct sequence ids
+    changes; padding tops it up, so trees of 1, 2 and 4 paths all run one graph (on a GPU: one
+    CUDA graph, replayed)."""
+    import llama_cpp as lc
+
+    model, _ = models
+    context = model.tokenize("while x < 3:\n", special=False)
+    target = Target(model)
+    target.reset()
+    target.prefill(context[:-1])
+
+    def reused() -> int:
+        return int(lc.llama_perf_context(model._ctx).n_reused)
+
+    chain = DraftTree(16)
+    chain.reset(context[-1])
+    chain.add(chain.add(0, 41, 0.0, 0), 42, 0.0, 0)            # one path
+    pair = DraftTree(16)
+    pair.reset(context[-1])
+    pair.add(0, 41, 0.0, 0)
+    pair.add(0, 43, 0.0, 0)                                     # two paths
+    trees = [example_tree(context[-1], [41, 42, 43, 44, 45, 46, 47]), chain, pair, chain]
+    counts = []
+    for padded in (12, 0):
+        before = reused()
+        for tree in trees + trees:
+            target.verify(tree, pad_to=padded)
+            target.commit(tree, ())
+        counts.append(reused() - before)
+    assert counts[0] >= len(trees) * 2 - 1, counts     # every padded verify after the first
+    assert counts[1] < counts[0], counts               # unpadded, the shapes change

@@ -17,8 +17,7 @@ import numpy as np  # noqa: E402
 
 
 def rounds(model: LlamaModel, pad: int, start: int, n_rounds: int = 60, depth: int = 3) -> tuple[list[float], int]:
-    pad_seq = model.n_seq_max - 1
-    kw = {"pad_to": pad, "pad_seq": pad_seq} if pad else {}
+    kw = {"pad_to": pad} if pad else {}
     per_forward = []
     pos = start
     for r in range(n_rounds):
@@ -28,7 +27,7 @@ def rounds(model: LlamaModel, pad: int, start: int, n_rounds: int = 60, depth: i
         model.decode(toks, np.arange(pos, pos + root, dtype=np.int32), None, logits=True, **kw)
         int(model.logits()[root - 1].argmax())
         if pad:
-            model.seq_rm(pad_seq, -1, -1)
+            model.drop_padding()
         pos += root
         model.seq_cp(0, 1, -1, pos)
         for d in range(depth):
@@ -36,14 +35,14 @@ def rounds(model: LlamaModel, pad: int, start: int, n_rounds: int = 60, depth: i
                          np.array([pos + d], np.int32), [(1,)], logits=True, **kw)
             int(model.logits()[0].argmax())
             if pad:
-                model.seq_rm(pad_seq, -1, -1)
+                model.drop_padding()
         per_forward.append((time.perf_counter() - t) / (depth + 1))
         model.seq_rm(1, -1, -1)
     return per_forward, pos
 
 
 def main() -> None:
-    model = LlamaModel(sys.argv[1], n_ctx=4096, n_seq_max=18)
+    model = LlamaModel(sys.argv[1], n_ctx=4096, n_seq_max=18, n_pad_seqs=16)
     model.prefill([t % model.vocab_size for t in range(1000, 1300)], 0)
     start = 300
     for name, pad in (("unpadded", 0), ("padded to 2", 2), ("padded to 12", 12), ("unpadded again", 0)):

@@ -6,11 +6,13 @@ extends its parent's sequence when it is the first child to do so, otherwise it 
 from a copy of the parent's path. After each round the tree sequences are dropped; committed
 tokens are fed again at the next root evaluation, together with the new root.
 
-On a GPU (`stable_shapes`) every forward has one shape: `pad` rows (the most a forward of `grow`
-evaluates: `width` nodes plus `chain` checked along), filled up with padding in a sequence of its
-own that is removed at once. ggml-cuda re-captures its CUDA graph after every change of batch
-shape, and a draft round's forwards otherwise alternate between the root's prefill and its nodes'
-batches: on the H200 a draft forward took 2.3 ms in a round against 1.0 ms steady.
+On a GPU (`stable_shapes`) every forward has one shape, so that llama.cpp reuses its graph and
+ggml-cuda replays its CUDA graph: after any change of batch shape ggml-cuda runs two forwards
+uncaptured and captures again (H200, 0.5B draft: 1.17 ms a steady 1-token forward, ~4.4 ms one
+after a change). A linear draft decodes one token per forward, its root's catch-up too, token by
+token; a wider one pads every forward to `limits.pad_rows` rows (the padding goes in the
+context's padding sequences and is removed at once). Rows are not free there: a padded 3-row
+forward took 1.55 ms, 8 rows 2.06 ms, 12 rows 3.68 ms (tools/cuda_graph_probe.py).
 """
 from __future__ import annotations
 
@@ -37,10 +39,13 @@ class LlamaDraft:
                  stable_shapes: bool = False) -> None:
         self.model = model
         self.limits = limits
-        # rows of every forward when shapes are kept stable (0: unpadded); the last sequence id
-        # holds the padding, so tree paths get the ids 1 .. n_seq_max - 2
-        self.pad = min(max(2, limits.width + limits.chain), model.n_batch) if stable_shapes else 0
-        self._pad_seq = model.n_seq_max - 1
+        # rows of every forward when shapes are kept stable (0: unpadded)
+        self.pad = 0
+        if stable_shapes:
+            if model.n_pad_seqs < limits.pad_rows - 1 or model.n_batch < limits.pad_rows:
+                raise ValueError(f"stable shapes need {limits.pad_rows - 1} padding sequences and a "
+                                 f"batch of {limits.pad_rows}")
+            self.pad = limits.pad_rows
         self.vocab_size = model.vocab_size
         self._context: list[int] = []
         self._cached = 0                    # committed tokens in sequence 0
@@ -55,8 +60,9 @@ class LlamaDraft:
              n_threads: int | None = None, limits: DraftLimits = DraftLimits(),
              stable_shapes: bool | None = None) -> "LlamaDraft":
         """stable_shapes None: when the draft is offloaded to a GPU."""
-        model = LlamaModel(path, n_ctx=n_ctx, n_seq_max=max_nodes + 2,
-                           n_gpu_layers=n_gpu_layers, n_threads=n_threads)
+        model = LlamaModel(path, n_ctx=n_ctx, n_seq_max=max_nodes + 1,
+                           n_gpu_layers=n_gpu_layers, n_threads=n_threads,
+                           n_pad_seqs=limits.pad_rows - 1)
         stable = model.n_gpu_layers != 0 if stable_shapes is None else stable_shapes
         return cls(model, limits, stable)
 
@@ -74,7 +80,7 @@ class LlamaDraft:
     def propose(self, tree: DraftTree, stage: int, budget: int, sampling: SamplingParams,
                 rng: np.random.Generator) -> None:
         room = self.model.n_ctx - len(self._context) - 1 - self.pad
-        limits = GrowLimits(budget=min(budget, room, self.model.n_seq_max - 2),
+        limits = GrowLimits(budget=min(budget, room, self.model.n_seq_max - 1),
                             max_depth=self.limits.max_depth, branching=self.limits.branching,
                             width=self.limits.width, chain=self.limits.chain)
         self._sampling = sampling
@@ -119,12 +125,13 @@ class LlamaDraft:
             row = self.model.logits()[-1]
         else:
             start = self._cached
-            if len(todo) > 4 * self.pad:          # a long catch-up: one unpadded prefill first
-                bulk = len(todo) - self.pad
+            step = max(1, self.pad - 1)              # real tokens a forward takes
+            if len(todo) > 4 * step:                 # a long catch-up: one unpadded prefill first
+                bulk = len(todo) - step
                 self.model.prefill(todo[:bulk], start)
                 todo, start = todo[bulk:], start + bulk
-            for lo in range(0, len(todo), self.pad):
-                chunk = todo[lo:lo + self.pad]
+            for lo in range(0, len(todo), step):
+                chunk = todo[lo:lo + step]
                 self._decode(chunk, np.arange(start + lo, start + lo + len(chunk), dtype=np.int32),
                              None)
             row = self.model.logits()[len(chunk) - 1]
@@ -156,11 +163,11 @@ class LlamaDraft:
 
     def _decode(self, tokens: Sequence[int] | np.ndarray, pos: np.ndarray,
                 seqs: Sequence[Sequence[int]] | None) -> None:
-        """One forward with logits for every token; padded to `pad` rows (then its padding is
-        removed at once) unless it is larger."""
-        if self.pad and len(tokens) <= self.pad:
-            self.model.decode(tokens, pos, seqs, logits=True, pad_to=self.pad, pad_seq=self._pad_seq)
-            self.model.seq_rm(self._pad_seq, -1, -1)
+        """One forward with logits for every token; padded to `pad` rows (its padding removed at
+        once) unless it is larger."""
+        if self.pad > 1 and len(tokens) < self.pad:
+            self.model.decode(tokens, pos, seqs, logits=True, pad_to=self.pad)
+            self.model.drop_padding()
         else:
             self.model.decode(tokens, pos, seqs, logits=True)
 
