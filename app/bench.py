@@ -116,6 +116,9 @@ class ConfigResult:
 
 def _engines(target_session: Session, draft_model, store,
              names: Sequence[str], costs: Costs | None) -> dict[str, Engine]:
+    gpu = target_session.model.n_gpu_layers != 0
+    # a GGUF draft on a GPU keeps one batch shape unless a change of shape is cheap there
+    draft_stable = gpu and not (costs is not None and costs.cheap_switch)
     """One Engine per configuration over the shared target; a configuration that needs a missing
     draft model or n-gram store is skipped. `draft_model`: a LlamaModel (GGUF draft in llama.cpp)
     or a TorchLM (the PyTorch draft), shared by every configuration's draft stage."""
@@ -130,7 +133,7 @@ def _engines(target_session: Session, draft_model, store,
                 stages.append(PersonalNgram(store))
             elif stage == "draft" and isinstance(draft_model, LlamaModel):
                 stages.append(LlamaDraft(draft_model, cfg.draft_limits,
-                                         stable_shapes=draft_model.n_gpu_layers != 0))
+                                         stable_shapes=draft_stable and draft_model.n_gpu_layers != 0))
             elif stage == "draft" and draft_model is not None:
                 from localspec.engine.drafters.torch_draft import TorchDraft
                 stages.append(TorchDraft(draft_model, cfg.draft_limits))
@@ -138,7 +141,7 @@ def _engines(target_session: Session, draft_model, store,
             continue
         engines[name] = Engine(target_session.engine.target, stages, cfg.budget,
                                costs if cfg.budget.adaptive else None,
-                               stable_shapes=target_session.model.n_gpu_layers != 0)
+                               stable_shapes=gpu)
     return engines
 
 
@@ -162,7 +165,7 @@ def run_bench(target: Path, draft: Path | None, prompts: Sequence[Prompt], names
             pad_seqs = max(CONFIGS[n].draft_limits.pad_rows for n in names) - 1
             draft_model = LlamaModel(draft, n_ctx=n_ctx, n_seq_max=max_nodes + 1, n_pad_seqs=pad_seqs)
         costs = None
-        if any(CONFIGS[n].budget.adaptive for n in names):
+        if any(CONFIGS[n].budget.adaptive for n in names) or session.model.n_gpu_layers != 0:
             gguf = draft_model if isinstance(draft_model, LlamaModel) else None
             costs = calibrate(session.model, gguf, max_nodes)
             if draft_model is not None and gguf is None:

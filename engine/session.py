@@ -125,6 +125,10 @@ class Session:
                     self.costs = with_torch_draft(self.costs, torch_draft.lm, cfg.draft)
                 self._learnt_path = learnt_path(self.costs)
             stable = cfg.stable_shapes if cfg.stable_shapes is not None else self.model.n_gpu_layers != 0
+            if self.costs is not None and self.costs.cheap_switch:
+                for d in stages:   # a GGUF draft's batches need not keep one shape either
+                    if isinstance(d, LlamaDraft):
+                        d.pad = 0
             self.engine = Engine(Target(self.model), stages, cfg.budget if cfg.speculation else TreeBudget(0),
                                  self.costs, stable_shapes=stable)
             if self._learnt_path is not None:

@@ -19,16 +19,30 @@ args+=" -DGGML_AVX512_VNNI=$(has avx512_vnni) -DGGML_AVX512_BF16=$(has avx512_bf
 args+=" -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
 args+=" -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF"
 args+=" -DLLAMA_BUILD_SERVER=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF"
-if [ "${LOCALSPEC_CUDA:-0}" = 1 ]; then args+=" -DGGML_CUDA=on"; fi
-key=$(echo "$ver $args $($python -c 'import sys; print(sys.version_info[:2])')" | sha256sum | cut -c1-12)
+patches=""
+if [ "${LOCALSPEC_CUDA:-0}" = 1 ]; then
+  args+=" -DGGML_CUDA=on"
+  # CUDA builds carry packaging/patches: one CUDA graph per batch shape (see packaging/README.md)
+  patches=$(ls "$(dirname "$0")"/patches/*.patch 2>/dev/null || true)
+fi
+stamp="$ver $args $($python -c 'import sys; print(sys.version_info[:2])')"
+if [ -n "$patches" ]; then stamp+=" $(cat $patches | sha256sum)"; fi
+key=$(echo "$stamp" | sha256sum | cut -c1-12)
 dir="$cache/$key"
 whl=$(ls "$dir"/llama_cpp_python-"$ver"-*.whl 2>/dev/null | head -1 || true)
 if [ -z "$whl" ]; then
   echo "building llama-cpp-python $ver from source (cached afterwards in $dir) ..." >&2
   mkdir -p "$dir"
   tmp=$(mktemp -d "$dir.tmp.XXXX")
+  src="llama-cpp-python==$ver"
+  if [ -n "$patches" ]; then   # the sdist, patched, built from its folder
+    $python -m pip download -q --no-cache-dir --no-deps --no-binary=:all: "$src" -d "$tmp/sdist" >&2
+    tar xzf "$tmp"/sdist/llama_cpp_python-*.tar.gz -C "$tmp/sdist"
+    src=$(ls -d "$tmp"/sdist/llama_cpp_python-*/)
+    for patch in $patches; do patch -s -p1 -d "$src" < "$patch"; done
+  fi
   CMAKE_ARGS="$args" CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
-    $python -m pip wheel -q --no-cache-dir --no-deps --no-binary=llama-cpp-python "llama-cpp-python==$ver" -w "$tmp" >&2
+    $python -m pip wheel -q --no-cache-dir --no-deps --no-binary=llama-cpp-python "$src" -w "$tmp" >&2
   mv "$tmp"/llama_cpp_python-*.whl "$dir"/ && rm -rf "$tmp"
   whl=$(ls "$dir"/llama_cpp_python-"$ver"-*.whl | head -1)
 fi

@@ -92,3 +92,35 @@ def test_padded_draft_in_sampling_mode_leaves_no_padding(tiny):
         session.close()
     assert len(got.tokens) > 0
     assert set(rows[2:]) == {drafter.pad}, rows
+
+
+def test_cheap_shape_changes_verify_unpadded_and_keep_the_output(tiny):
+    """Where a change of batch shape is cheap (Costs.cheap_switch; a CPU's switch cost is 0, a GPU's
+    with llama.cpp keeping a CUDA graph per shape), a GPU-style engine neither pads nor holds its
+    choices, its GGUF draft does not pad either, and the output stays the target's own."""
+    plain = Session(EngineConfig(tiny.target_gguf, speculation=False, n_ctx=512, n_threads=1))
+    try:
+        expect = plain.run(plain.raw_prompt(PROMPT), max_tokens=40).tokens
+    finally:
+        plain.close()
+    session = Session(EngineConfig(tiny.target_gguf, draft=tiny.draft_gguf, n_ctx=512, n_threads=1,
+                                   budget=TreeBudget(max_nodes=16, adaptive=True),
+                                   stable_shapes=True))
+    target = session.engine.target
+    seen: list[tuple[int, int]] = []
+    verify = target.verify
+
+    def recording(tree, pad_to=0):
+        seen.append((tree.n, pad_to))
+        return verify(tree, pad_to)
+
+    target.verify = recording
+    try:
+        assert session.costs.cheap_switch
+        assert not session.engine.stable_shapes and session.stages[-1].pad == 0
+        got = session.run(session.raw_prompt(PROMPT), max_tokens=40)
+    finally:
+        session.close()
+    assert got.tokens == expect
+    assert any(n > 1 for n, _ in seen), "the repetitive prompt should draft"
+    assert all(pad == 0 for _, pad in seen), seen

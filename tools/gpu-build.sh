@@ -2,13 +2,17 @@
 # On the GPU host: build llama.cpp with CUDA from the staged sdist (../shared/docs/GPU.md) and
 # make `localspec` importable from this checkout without network (a symlink shim in /tmp/site).
 # A build is slow (~4 min): its libraries go back under $OUT as libs.* pieces (xz, 15 MB each);
-# put them in .gpu/libs/ and carry that folder next time to skip the build.
+# put them in .gpu/libs/ (or the folder LIBS names) and carry it next time to skip the build.
 set -euo pipefail
 mkdir -p /tmp/b /tmp/site/localspec /tmp/cb/bin
 tar xzf .gpu/src/llama-cpp-python.tgz -C /tmp/b
 d=$(ls -d /tmp/b/llama_cpp_python-*)
-if ls .gpu/libs/libs.* >/dev/null 2>&1; then
-  cat .gpu/libs/libs.* | xz -d | tar x -C /tmp/cb/bin
+# the CUDA build localspec ships applies packaging/patches (packaging/build-llama-wheel.sh does too);
+# LIBS names the folder of a carried build of it (default .gpu/libs)
+for patch in packaging/patches/*.patch; do patch -s -p1 -d "$d" < "$patch"; done
+libs=${LIBS:-.gpu/libs}
+if ls "$libs"/libs.* >/dev/null 2>&1; then
+  cat "$libs"/libs.* | xz -d | tar x -C /tmp/cb/bin
   echo "reused the carried llama.cpp build"
 else
   cmake -S "$d/vendor/llama.cpp" -B /tmp/cb -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
