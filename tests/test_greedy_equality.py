@@ -96,9 +96,11 @@ def test_observer_sees_every_emitted_token_with_its_source(tiny, plain):
 
 @pytest.mark.parametrize("draft_kind", ["gguf", "torch"])
 def test_stable_shapes_keep_greedy_output(tiny, plain, draft_kind):
-    """The GPU mode (held adaptive choices, padded batches), forced on the CPU: same tokens."""
+    """The GPU mode (held adaptive choices, padded batches), forced on the CPU: same tokens.
+    Without calibration: a CPU's measured switch cost (0) would make shape changes cheap, which
+    turns the mode off (test_draft_shapes.py)."""
     draft = tiny.draft_gguf if draft_kind == "gguf" else tiny.draft_torch
-    session = Session(EngineConfig(tiny.target_gguf, draft=draft, n_ctx=512, n_threads=1,
+    session = Session(EngineConfig(tiny.target_gguf, draft=draft, n_ctx=512, n_threads=1, calibrate=False,
                                    budget=TreeBudget(max_nodes=8, adaptive=True), stable_shapes=True,
                                    draft_limits=DraftLimits(max_depth=6, branching=2, width=4)))
     plain_session, outputs = plain
