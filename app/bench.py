@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -70,6 +71,19 @@ CONFIGS = {
 }
 
 
+def config(name: str) -> BenchConfig:
+    """A configuration by name: one of CONFIGS, or "adaptive-N", the adaptive one with trees of
+    at most N nodes (to compare budgets side by side in one run)."""
+    if name in CONFIGS:
+        return CONFIGS[name]
+    m = re.fullmatch(r"adaptive-([0-9]+)", name)
+    if m and 1 <= int(m.group(1)) <= 64:
+        base = CONFIGS["adaptive"]
+        return BenchConfig(name, base.stages, TreeBudget(max_nodes=int(m.group(1)), adaptive=True),
+                           base.draft_limits)
+    raise KeyError(name)
+
+
 @dataclass
 class ConfigResult:
     name: str
@@ -124,7 +138,7 @@ def _engines(target_session: Session, draft_model, store,
     or a TorchLM (the PyTorch draft), shared by every configuration's draft stage."""
     engines = {}
     for name in names:
-        cfg = CONFIGS[name]
+        cfg = config(name)
         stages: list[Drafter] = []
         for stage in cfg.stages:
             if stage == "maxgram":
@@ -153,7 +167,7 @@ def run_bench(target: Path, draft: Path | None, prompts: Sequence[Prompt], names
     stage reads (configurations with that stage are skipped without one). `check`: HumanEval
     pass@1 for prompts that carry a problem. `torch_draft`: run the draft in PyTorch (a
     transformers folder always is; a .gguf is dequantised), on the GPU with CUDA graphs."""
-    max_nodes = max(CONFIGS[n].budget.max_nodes for n in names)
+    max_nodes = max(config(n).budget.max_nodes for n in names)
     session = Session(EngineConfig(target, speculation=True, maxgram=False, n_ctx=n_ctx,
                                    budget=TreeBudget(max_nodes=max_nodes)))
     draft_model = None
@@ -162,10 +176,10 @@ def run_bench(target: Path, draft: Path | None, prompts: Sequence[Prompt], names
             from localspec.engine.torch_lm import TorchLM
             draft_model = TorchLM.load(draft, max_len=n_ctx)
         elif draft is not None:
-            pad_seqs = max(CONFIGS[n].draft_limits.pad_rows for n in names) - 1
+            pad_seqs = max(config(n).draft_limits.pad_rows for n in names) - 1
             draft_model = LlamaModel(draft, n_ctx=n_ctx, n_seq_max=max_nodes + 1, n_pad_seqs=pad_seqs)
         costs = None
-        if any(CONFIGS[n].budget.adaptive for n in names) or session.model.n_gpu_layers != 0:
+        if any(config(n).budget.adaptive for n in names) or session.model.n_gpu_layers != 0:
             gguf = draft_model if isinstance(draft_model, LlamaModel) else None
             costs = calibrate(session.model, gguf, max_nodes)
             if draft_model is not None and gguf is None:

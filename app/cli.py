@@ -165,7 +165,8 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--top-k", type=int, default=40, help="top-k filter when sampling (llama.cpp default 40; 0 = off)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--configs", default="plain,maxgram,ngram,draft-linear,draft-tree,staged,adaptive",
-                   help="comma-separated: plain,maxgram,ngram,draft-linear,draft-tree,staged,adaptive")
+                   help="comma-separated: plain,maxgram,ngram,draft-linear,draft-tree,staged,adaptive, "
+                        "adaptive-N (the adaptive budget with trees of at most N nodes)")
     p.add_argument("--ctx", type=int, default=4096)
     p.add_argument("--learn", action="append", default=[], metavar="PATH",
                    help="build the n-gram stage from these files or folders (their *.py, *.md, *.txt) "
@@ -186,10 +187,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from localspec.engine.session import EngineConfig, Session, draft_runs_in_torch
 
     names = [n.strip() for n in args.configs.split(",") if n.strip()]
-    unknown = [n for n in names if n not in bench.CONFIGS]
+    unknown = []
+    for n in names:
+        try:
+            bench.config(n)
+        except KeyError:
+            unknown.append(n)
     if unknown:
         raise LocalspecError("Unknown bench configuration", ", ".join(unknown),
-                             f"Choose from: {', '.join(bench.CONFIGS)}")
+                             f"Choose from: {', '.join(bench.CONFIGS)}, or adaptive-N (N = 1..64 nodes)")
     if "plain" not in names:
         names.insert(0, "plain")   # the baseline every speed-up and 'identical' refers to
     sampling = _sampling(args)

@@ -28,6 +28,16 @@ from .verify import Walk, greedy_walk, sample_walk
 from .worth import StageWorth
 
 HOLD = 16   # rounds an adaptive choice is kept with stable shapes (a CUDA graph warms up in 2)
+# Verify sizes where a change of shape is cheap: llama.cpp then keeps a CUDA graph per size, and a
+# graph is captured only after two calls of its size and dropped after 10 s unused, so trees of
+# any size (2..33 tokens) would mostly run uncaptured; powers of two keep the sizes few.
+BUCKETS = (2, 4, 8, 16, 32)
+
+
+def bucket(n: int, top: int) -> int:
+    """Rows a verify of n tokens is padded to where shapes change cheaply: the smallest bucket
+    of at least n, else `top` (the arm's full tree)."""
+    return next((b for b in BUCKETS if n <= b < top), max(n, top))
 
 
 @dataclass
@@ -67,10 +77,11 @@ class Engine:
         batch shape round after round and replays its CUDA graph (Target.verify); a speculative
         round entered from plain ones also pays the graph rebuilds it causes (Costs.switch).
         Where a change of shape is cheap (`Costs.cheap_switch`: llama.cpp built with
-        packaging/patches keeps a CUDA graph per shape) none of that is needed: rounds choose
-        and verify as on a CPU, unpadded, and a round entered from plain ones pays the measured
+        packaging/patches keeps a CUDA graph per shape) rounds choose as on a CPU, a tree is
+        padded to a few BUCKETS only, and a round entered from plain ones pays the measured
         switch. (H200, HumanEval[:40]: Max-Gram alone went from 0.93-0.99x to 1.15x.)"""
-        if costs is not None and costs.cheap_switch:
+        self._buckets = stable_shapes and costs is not None and costs.cheap_switch
+        if self._buckets:
             stable_shapes = False
         for d in stages:
             vocab = getattr(d, "vocab_size", None)
@@ -169,9 +180,13 @@ class Engine:
             t1 = time.perf_counter()
             # A root-only tree (no drafter had a guess) stays one token: padding it to the arm's
             # size cost free arms more than CUDA-graph churn does (H200, edit workload).
-            pad = (min(shape.nodes + 2, self.target.room)
-                   if self.stable_shapes and shape.nodes and tree.n > 1 else 0)
-            rows = self.target.verify(tree, pad)
+            if self._buckets and tree.n > 1:
+                rows = self.target.verify(tree, min(bucket(tree.n, shape.nodes + 1), self.target.room),
+                                          top_up=False)
+            else:
+                pad = (min(shape.nodes + 2, self.target.room)
+                       if self.stable_shapes and shape.nodes and tree.n > 1 else 0)
+                rows = self.target.verify(tree, pad)
             self._plain_before = tree.n <= 1
             t2 = time.perf_counter()
             walk = self._walk(tree, rows, sampling, rng)
@@ -249,9 +264,10 @@ class Engine:
             if self._plain_before:   # leaving the 1-token shape costs a CUDA graph, both ways
                 padded += self.costs.switch
             cost = lambda k: one if k <= 1 else padded
-        elif self.costs.switch and self._plain_before:   # shapes change freely, at a price
-            one, switch, curve = cost(1), self.costs.switch, self.costs.target_cost
-            cost = lambda k: one if k <= 1 else curve(k) + switch
+        elif self._buckets:      # a tree is verified padded to its bucket, a switch at a price
+            one, curve, top = cost(1), self.costs.target_cost, shape.nodes + 1
+            switch = self.costs.switch if self._plain_before else 0.0
+            cost = lambda k: one if k <= 1 else curve(bucket(k, top)) + switch
         keep = prune.choose(tree, self._acceptance.node_probs(tree), cost)
         if keep.all():
             return tree

@@ -146,7 +146,7 @@ class LlamaModel:
     # ---- decoding ---------------------------------------------------------------------------
     def decode(self, tokens: Sequence[int] | np.ndarray, positions: Sequence[int] | np.ndarray,
                seq_ids: Sequence[Sequence[int]] | None = None, *, logits: bool | np.ndarray = True,
-               pad_to: int = 0) -> None:
+               pad_to: int = 0, top_up: bool = True) -> None:
         """Decode one batch (<= n_batch tokens). seq_ids None: every token in sequence 0.
 
         logits: True for every token, False for the last only, or a bool mask.
@@ -157,9 +157,12 @@ class LlamaModel:
         count and number of distinct sequence ids hold, and ggml-cuda replays its CUDA graph
         only after two calls of one shape: so the padding tops the distinct ids up to pad_to
         (its first row carries the missing ids) and a padded batch always has one shape.
+        top_up False: pad only the rows, all in the first padding sequence, and only when n is
+        under pad_to (for a llama.cpp that keeps a CUDA graph per shape, packaging/patches, where
+        a rebuilt compute graph costs only its CPU-side build).
         """
         n = len(tokens)
-        total = max(n + 1, pad_to) if pad_to else n
+        total = (max(n + 1, pad_to) if top_up else max(n, pad_to)) if pad_to else n
         if n == 0 or total > self.n_batch:
             raise ValueError(f"batch of {total} tokens (1..{self.n_batch} allowed)")
         self._tok[:n] = tokens
@@ -173,9 +176,10 @@ class LlamaModel:
             for i, ids in enumerate(seq_ids):
                 self._nseq[i] = len(ids)
                 self._seq[i][:len(ids)] = ids
-            distinct = len(set().union(*seq_ids)) if pad_to else 0
-        if pad_to:
-            need = total - distinct      # padding ids that bring the distinct ids up to total
+            distinct = len(set().union(*seq_ids)) if pad_to and top_up else 0
+        if total > n:
+            # padding ids: with top_up, those that bring the distinct ids up to total
+            need = total - distinct if top_up else 1
             if need > self.n_pad_seqs:
                 raise ValueError(f"padding {n} tokens to {total} needs {need} padding sequences; "
                                  f"the context reserved {self.n_pad_seqs}")

@@ -55,19 +55,20 @@ class Target:
             self.model.prefill(list(tokens), self.n_past)
             self.n_past += len(tokens)
 
-    def verify(self, tree: DraftTree, pad_to: int = 0) -> np.ndarray:
+    def verify(self, tree: DraftTree, pad_to: int = 0, top_up: bool = True) -> np.ndarray:
         """Decode every tree node in one batch; returns [tree.n, vocab] logits (zero-copy view).
 
         pad_to: fill the batch up to this many tokens (at least one more than the tree) with
         padding in the context's reserved padding sequences, which share no cell with the tree or
-        the context, so no node sees it and `commit` drops it. Every round then has the same batch
+        the context, so no node sees it and `commit` drops it (top_up: LlamaModel.decode). Every
+        round then has the same batch
         shape: on a GPU llama.cpp reuses its graph and replays its CUDA graph instead of
         re-capturing it when the shape changes (measured on an H200: 1.78 ms per single-token
         step when shapes hold, 2.69 ms when they alternate; tools/graph_shapes.py).
         """
         layout = tree.layout()
         n_paths = len(layout.leaf_seq)
-        n = max(tree.n + 1, pad_to) if pad_to else tree.n
+        n = (max(tree.n + 1, pad_to) if top_up else max(tree.n, pad_to)) if pad_to else tree.n
         if n_paths > self.model.n_seq_max or n > min(self.model.n_batch, self.room):
             raise ValueError(f"tree of {tree.n} nodes / {n_paths} paths (padded to {n}) exceeds the "
                              "target's limits")
@@ -76,7 +77,7 @@ class Target:
         pos = self._pos[:tree.n]
         np.add(layout.depth, self.n_past, out=pos)               # [tree.n] position of each node
         self.model.decode(tree.tokens[:tree.n], pos, layout.seq_ids, logits=True,
-                          pad_to=n if pad_to else 0)
+                          pad_to=n if pad_to else 0, top_up=top_up)
         self._layout = layout
         return self.model.logits()[:tree.n]
 

@@ -12,7 +12,7 @@ import pytest
 from localspec.app import bench
 from localspec.app.humaneval_check import pass_at_1, truncate
 from localspec.app.workloads import Prompt, humaneval_problems
-from localspec.engine.config import SamplingParams
+from localspec.engine.config import SamplingParams, TreeBudget
 from localspec.engine.session import EngineConfig, Session
 from localspec.models.ngram_store import NgramStore, vocab_key
 from tiny_models import held_out_corpus
@@ -102,12 +102,26 @@ def test_bench_command_writes_table_json_and_learns_a_scratch_store(tiny, tmp_pa
     proc = subprocess.run(
         [sys.executable, "-m", "localspec.app.cli", "bench", "--model", str(tiny.target_gguf),
          "--draft", str(tiny.draft_gguf), "--workload", "humaneval", "--limit", "2",
-         "--max-tokens", "12", "--ctx", "1024", "--configs", "plain,ngram,staged",
+         "--max-tokens", "12", "--ctx", "1024", "--configs", "plain,ngram,staged,adaptive-4",
          "--learn", str(corpus), "--out", str(out)],
         capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "pass@1" in proc.stdout and "staged" in proc.stdout
     report = json.loads((out / "bench.json").read_text())
-    assert [r["config"] for r in report["rows"]] == ["plain", "ngram", "staged"]
+    assert [r["config"] for r in report["rows"]] == ["plain", "ngram", "staged", "adaptive-4"]
     assert all(r["pass_at_1"].endswith("/2") for r in report["rows"])
     assert report["ngram_source"].startswith("30 files")
+
+
+def test_adaptive_n_names_a_budget_and_bad_names_name_the_choices(tiny, tmp_path):
+    assert bench.config("adaptive-8").budget == TreeBudget(max_nodes=8, adaptive=True)
+    assert bench.config("adaptive-8").stages == bench.CONFIGS["adaptive"].stages
+    for bad in ("adaptive-0", "adaptive-x", "linear"):
+        with pytest.raises(KeyError):
+            bench.config(bad)
+    proc = subprocess.run(
+        [sys.executable, "-m", "localspec.app.cli", "bench", "--model", str(tiny.target_gguf),
+         "--configs", "plain,adaptive-0", "--out", str(tmp_path / "out")],
+        capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "adaptive-0" in proc.stderr and "adaptive-N" in proc.stderr
+    assert not (tmp_path / "out").exists()

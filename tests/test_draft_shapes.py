@@ -94,10 +94,21 @@ def test_padded_draft_in_sampling_mode_leaves_no_padding(tiny):
     assert set(rows[2:]) == {drafter.pad}, rows
 
 
-def test_cheap_shape_changes_verify_unpadded_and_keep_the_output(tiny):
+def test_bucket_is_the_smallest_bucket_that_holds_the_tree():
+    from localspec.engine.decode import BUCKETS, bucket
+
+    assert [bucket(n, 33) for n in (2, 3, 5, 9, 16, 17, 32, 33)] == [2, 4, 8, 16, 16, 32, 32, 33]
+    assert bucket(5, 5) == 5 and bucket(3, 5) == 4       # never past the arm's full tree
+    assert all(bucket(n, 33) >= n for n in range(2, 34)) and BUCKETS == tuple(sorted(BUCKETS))
+
+
+def test_cheap_shape_changes_verify_in_buckets_and_keep_the_output(tiny):
     """Where a change of batch shape is cheap (Costs.cheap_switch; a CPU's switch cost is 0, a GPU's
-    with llama.cpp keeping a CUDA graph per shape), a GPU-style engine neither pads nor holds its
-    choices, its GGUF draft does not pad either, and the output stays the target's own."""
+    with llama.cpp keeping a CUDA graph per shape), a GPU-style engine does not hold its choices,
+    pads a tree only up to its bucket (rows only, no sequence top-up), its GGUF draft does not pad,
+    and the output stays the target's own."""
+    from localspec.engine.decode import BUCKETS
+
     plain = Session(EngineConfig(tiny.target_gguf, speculation=False, n_ctx=512, n_threads=1))
     try:
         expect = plain.run(plain.raw_prompt(PROMPT), max_tokens=40).tokens
@@ -107,12 +118,12 @@ def test_cheap_shape_changes_verify_unpadded_and_keep_the_output(tiny):
                                    budget=TreeBudget(max_nodes=16, adaptive=True),
                                    stable_shapes=True))
     target = session.engine.target
-    seen: list[tuple[int, int]] = []
+    seen: list[tuple[int, int, bool]] = []
     verify = target.verify
 
-    def recording(tree, pad_to=0):
-        seen.append((tree.n, pad_to))
-        return verify(tree, pad_to)
+    def recording(tree, pad_to=0, top_up=True):
+        seen.append((tree.n, pad_to, top_up))
+        return verify(tree, pad_to, top_up)
 
     target.verify = recording
     try:
@@ -122,5 +133,8 @@ def test_cheap_shape_changes_verify_unpadded_and_keep_the_output(tiny):
     finally:
         session.close()
     assert got.tokens == expect
-    assert any(n > 1 for n, _ in seen), "the repetitive prompt should draft"
-    assert all(pad == 0 for _, pad in seen), seen
+    trees = [(n, pad, top_up) for n, pad, top_up in seen if n > 1]
+    assert trees, "the repetitive prompt should draft"
+    fulls = {a.nodes + 1 for a in session.engine.controller.arms}
+    assert all(pad >= n and not top_up and (pad in BUCKETS or pad in fulls) for n, pad, top_up in trees), trees
+    assert all(pad == 0 for n, pad, _ in seen if n == 1)

@@ -89,8 +89,9 @@ def test_commit_leaves_cache_as_fresh_evaluation(models, accept):
     np.testing.assert_allclose(got, expect, atol=ATOL)
 
 
+@pytest.mark.parametrize("top_up", [True, False])
 @pytest.mark.parametrize("nodes", [0, 7])
-def test_padded_verify_is_invisible_and_committed_away(models, nodes):
+def test_padded_verify_is_invisible_and_committed_away(models, nodes, top_up):
     """Padding (stable batch shapes for CUDA graphs) changes no node's logits and leaves no cell."""
     model, ref = models
     context = model.tokenize("while x < 3:\n", special=False)
@@ -100,7 +101,7 @@ def test_padded_verify_is_invisible_and_committed_away(models, nodes):
     tree = example_tree(context[-1], [41, 42, 43, 44, 45, 46, 47]) if nodes else DraftTree(16)
     if not nodes:
         tree.reset(context[-1])
-    rows = target.verify(tree, pad_to=12).copy()
+    rows = target.verify(tree, pad_to=12, top_up=top_up).copy()
     assert rows.shape == (tree.n, model.vocab_size)
     for node in range(tree.n):
         expect = fresh_logits(ref, context + tree.path_tokens(node))[-1]
