@@ -182,15 +182,7 @@ class Engine:
             self._pruned_from = None
             tree = self._prune(tree, stats, shape)
             t1 = time.perf_counter()
-            # A root-only tree (no drafter had a guess) stays one token: padding it to the arm's
-            # size cost free arms more than CUDA-graph churn does (H200, edit workload).
-            if self._buckets and tree.n > 1:
-                rows = self.target.verify(tree, min(bucket(tree.n, shape.nodes + 1), self.target.room),
-                                          top_up=False)
-            else:
-                pad = (min(shape.nodes + 2, self.target.room)
-                       if self.stable_shapes and shape.nodes and tree.n > 1 else 0)
-                rows = self.target.verify(tree, pad)
+            rows = self._verify(tree, shape)
             self._plain_before = tree.n <= 1
             t2 = time.perf_counter()
             walk = self._walk(tree, rows, sampling, rng)
@@ -256,6 +248,19 @@ class Engine:
             self.controller.load(learnt["budget"])
         if self._acceptance is not None and isinstance(learnt.get("acceptance"), dict):
             self._acceptance.load(learnt["acceptance"])
+
+    def _verify(self, tree: DraftTree, shape: Arm) -> np.ndarray:
+        """One target call over `tree`, padded as this machine's batch shapes want it. A root-only
+        tree (no drafter had a guess) stays one token: padding it to the arm's size cost free arms
+        more than CUDA-graph churn does (H200, edit workload)."""
+        if tree.n <= 1 or not shape.nodes:
+            return self.target.verify(tree)
+        if self._buckets:
+            return self.target.verify(tree, min(bucket(tree.n, shape.nodes + 1), self.target.room),
+                                      top_up=False)
+        if self.stable_shapes:
+            return self.target.verify(tree, min(shape.nodes + 2, self.target.room))
+        return self.target.verify(tree)
 
     def _prune(self, tree: DraftTree, stats: DecodeStats, shape: Arm) -> DraftTree:
         """The part of the tree worth verifying on this machine (prune.py): `tree` itself, or a

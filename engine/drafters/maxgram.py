@@ -37,7 +37,7 @@ def match_hint(length: int) -> int:
 class MaxGramLimits:
     max_n: int = 8        # longest suffix looked up
     min_n: int = 3        # shortest suffix worth trusting (1-2 token matches mostly miss)
-    max_depth: int = 32   # tokens copied per chain (pruning keeps the part that pays)
+    max_depth: int = 64   # tokens copied per chain (the tree budget and pruning keep what pays)
     branching: int = 2    # distinct continuations (chains) proposed
 
 
