@@ -60,7 +60,7 @@ def process(row: np.ndarray, params: SamplingParams) -> Dist:
         probs = np.exp(logits - logits.max())
         return Dist(np.arange(vocab, dtype=np.int64), probs / probs.sum())
     if k < vocab:
-        ids = np.argpartition(row, vocab - k)[vocab - k:]
+        ids = top_ids(row, k)
     else:
         probe = min(_NUCLEUS_PROBE, vocab) if params.top_p < 1.0 else vocab
         ids = np.argpartition(row, vocab - probe)[vocab - probe:] if probe < vocab else np.arange(vocab)
@@ -93,6 +93,40 @@ def process_full_sort(row: np.ndarray, params: SamplingParams) -> Dist:
     return Dist(ids.astype(np.int64), probs)
 
 
+def top_ids(row: np.ndarray, k: int) -> np.ndarray:
+    """The ids of the k largest entries of `row`, largest first: exactly those of a partition of
+    the whole row, found through the column maxima of its [_GROUPS, n / _GROUPS] view (the k
+    largest lie in the k columns with the largest maxima), which reads the row once: ~10x
+    cheaper than np.argpartition over 152k logits for top-k sampling's k = 40."""
+    n = row.shape[0]
+    k = min(k, n)
+    width = n // _GROUPS
+    if width < 2 * k:
+        ids = np.argpartition(row, n - k)[n - k:]
+        return ids[np.argsort(-row[ids], kind="stable")]
+    grid = row[:width * _GROUPS].reshape(_GROUPS, width)
+    return _top_in_columns(row, grid, grid.max(axis=0), k)
+
+
+def _top_in_columns(row: np.ndarray, grid: np.ndarray, maxima: np.ndarray, k: int) -> np.ndarray:
+    """The k largest of `row` given its grid's column maxima: k columns reach the k-th largest
+    maximum, so every one of the k largest entries is at least that; one comparison pass finds
+    the few that are (the tail beyond the grid included)."""
+    global _above
+    width = grid.shape[1]
+    if k == 1:
+        return np.array([int(row.argmax())])
+    floor = np.partition(maxima, width - k)[width - k]
+    if _above.shape[0] < row.shape[0]:
+        _above = np.empty(row.shape[0], bool)
+    above = np.greater_equal(row, floor, out=_above[:row.shape[0]])
+    ids = np.flatnonzero(above)
+    if ids.shape[0] > k:
+        ids = ids[np.argpartition(row[ids], ids.shape[0] - k)[ids.shape[0] - k:]]
+    return ids[np.argsort(-row[ids], kind="stable")]
+
+
+_above = np.empty(0, bool)         # _top_in_columns' comparison buffer, reused
 _scratch = np.empty(0, np.float32)   # top_dist's softmax buffer, reused: one per process
 _GROUPS = 256      # top_dist splits the row into this many interleaved groups
 _MARGIN = 12.0     # softmax sum over the columns whose max lies within this of the row's max
@@ -122,13 +156,7 @@ def top_dist(row: np.ndarray, k: int) -> Dist:
         return Dist(ids.astype(np.int64), np.exp(top - top[0]) / np.exp(row - top[0]).sum(dtype=np.float64))
     grid = row[:body].reshape(_GROUPS, width)        # entry (g, c) is token g * width + c
     maxima = grid.max(axis=0)                        # [width]
-    cols = [int(maxima.argmax())] if k == 1 else np.argpartition(maxima, width - k)[width - k:]
-    cand = np.concatenate([(np.arange(_GROUPS)[:, None] * width + np.asarray(cols)).ravel(),
-                           np.arange(body, n)])      # the top k lie in here
-    vals = row[cand]
-    pick = np.argpartition(vals, vals.shape[0] - k)[vals.shape[0] - k:] if k > 1 else [int(vals.argmax())]
-    ids = cand[pick]
-    ids = ids[np.argsort(-row[ids], kind="stable")]
+    ids = _top_in_columns(row, grid, maxima, k)
     top = row[ids].astype(np.float64)
     hot = np.flatnonzero(maxima > top[0] - _MARGIN)
     if hot.shape[0] * 2 <= width:

@@ -93,6 +93,26 @@ def test_greedy_walk_follows_argmax_and_returns_targets_token():
     assert walk.path == () and walk.token == 2
 
 
+@pytest.mark.parametrize("n", [151936, 4096, 300, 7])
+def test_top_ids_are_the_exact_top_k(n):
+    """The column-maxima search finds exactly a full sort's top k: peaked and flat rows, the
+    tail past the grid, and many equal logits (order among equals: by id)."""
+    from localspec.engine.distribution import top_ids
+
+    rng = np.random.default_rng(n)
+    rows = [rng.standard_normal(n).astype(np.float32),
+            np.round(rng.standard_normal(n), 1).astype(np.float32)]      # many ties
+    peaked = rng.standard_normal(n).astype(np.float32)
+    peaked[-min(n, 5):] += 20.0                                          # best in the tail
+    rows.append(peaked)
+    for row in rows:
+        for k in (1, 2, 40, 100):
+            want = np.argsort(-row, kind="stable")[:min(k, n)]
+            got = top_ids(row, k)
+            np.testing.assert_array_equal(row[got], row[want])            # the same values
+            assert len(set(got.tolist())) == len(got) == min(k, n)
+
+
 def test_top_dist_is_the_softmax_head():
     """Exact top k; probabilities at most the documented left-out mass above the softmax's, on a
     small flat row (the whole-row sum) and on 152k-entry peaked rows (the hot columns' sum)."""
