@@ -24,6 +24,7 @@ class Target:
         self.model = model
         self.n_past = 0                      # committed tokens in the cache (sequence 0)
         self._layout: TreeLayout | None = None
+        self._alone = False                  # the last verify decoded its root alone, unpadded
         self._pos = np.zeros(model.n_batch, np.int32)
 
     @property
@@ -79,6 +80,7 @@ class Target:
         self.model.decode(tree.tokens[:tree.n], pos, layout.seq_ids, logits=True,
                           pad_to=n if pad_to else 0, top_up=top_up)
         self._layout = layout
+        self._alone = tree.n == 1 and not pad_to
         return self.model.logits()[:tree.n]
 
     def commit(self, tree: DraftTree, path: Sequence[int]) -> None:
@@ -86,6 +88,10 @@ class Target:
         layout = self._layout
         if layout is None:
             raise RuntimeError("commit() without a verify()")
+        if self._alone:   # a root decoded alone in sequence 0, unpadded: nothing to roll back
+            self.n_past += 1
+            self._layout = None
+            return
         last = path[-1] if path else 0
         seq = layout.leaf_seq[tree.first_leaf_below(last)]
         end = self.n_past + int(tree.depth[last])                # position of the last kept node

@@ -89,6 +89,25 @@ def test_commit_leaves_cache_as_fresh_evaluation(models, accept):
     np.testing.assert_allclose(got, expect, atol=ATOL)
 
 
+def test_a_root_decoded_alone_commits_without_touching_the_cache(models):
+    """A plain step (root alone, unpadded) leaves nothing to roll back: commit only counts it, and
+    the cache still continues as a fresh evaluation."""
+    model, ref = models
+    context = model.tokenize("x = [1, 2, 3]\n", special=False)
+    target = Target(model)
+    target.reset()
+    target.prefill(context[:-1])
+    tree = DraftTree(4)
+    for token in (context[-1], 61, 62):
+        tree.reset(token)
+        target.verify(tree)
+        target.commit(tree, ())
+    kept = context + [61, 62]
+    assert target.n_past == len(kept) and model.seq_pos_max(0) == len(kept) - 1
+    model.decode([63], [target.n_past])
+    np.testing.assert_allclose(model.logits()[0], fresh_logits(ref, kept + [63])[-1], atol=ATOL)
+
+
 @pytest.mark.parametrize("top_up", [True, False])
 @pytest.mark.parametrize("nodes", [0, 7])
 def test_padded_verify_is_invisible_and_committed_away(models, nodes, top_up):
