@@ -153,9 +153,11 @@ def _engines(target_session: Session, draft_model, store,
                 stages.append(TorchDraft(draft_model, cfg.draft_limits))
         if len(stages) < len(cfg.stages):
             continue
-        engines[name] = Engine(target_session.engine.target, stages, cfg.budget,
-                               costs if cfg.budget.adaptive else None,
-                               stable_shapes=gpu)
+        engine = engines[name] = Engine(target_session.engine.target, stages, cfg.budget,
+                                        costs if cfg.budget.adaptive else None,
+                                        stable_shapes=gpu)
+        if engine.controller is not None:
+            engine.controller.trace = []
     return engines
 
 
@@ -211,6 +213,12 @@ def run_bench(target: Path, draft: Path | None, prompts: Sequence[Prompt], names
         if costs is not None:
             report["calibration"] = costs.to_dict()
             report["dropped_arms"] = {n: [str(a) for a in e.dropped] for n, e in engines.items() if e.dropped}
+        traces = {n: {"arms": [str(a) for a in e.controller.arms],
+                      "runs": [[a, k, t, round(1e3 * sec, 2), rates] for a, k, t, sec, rates
+                               in e.controller.trace[:_TRACE_RUNS]]}
+                  for n, e in engines.items() if e.controller is not None and e.controller.trace}
+        if traces:   # [arm, rounds, tokens, ms, every arm's tok/s estimate when the run began]
+            report["budget_trace"] = traces
         problems = [p.problem for p in prompts]
         if check and all(problems):
             progress("checking HumanEval completions (pass@1)")
@@ -225,6 +233,7 @@ def run_bench(target: Path, draft: Path | None, prompts: Sequence[Prompt], names
 
 
 _LEARN_SUFFIXES = (".py", ".md", ".txt")
+_TRACE_RUNS = 5000   # the adaptive budget's runs of one arm kept in bench.json
 
 
 def open_ngram_store(model: Path, learn: Sequence[str], max_tokens: int,

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# On the GPU host, after tools/gpu-build.sh and the model reassembly (../shared/docs/GPU.md):
+# run `localspec bench` on the reference pair once per argument, each "WORKLOAD:LIMIT[:TEMP[:CONFIGS]]"
+# (e.g. humaneval:40  humaneval:40:0.7  edit:40:0:plain,maxgram,adaptive), results under $OUT/NAME.
+set -euo pipefail
+source "$(dirname "$0")/gpu-env.sh"
+learn=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')
+for spec in "$@"; do
+  IFS=: read -r workload limit temp configs <<< "$spec"
+  temp=${temp:-0}; configs=${configs:-plain,maxgram,adaptive}
+  name="$workload-$limit"; if [ "$temp" != 0 ]; then name="$name-t$temp"; fi
+  mkdir -p "$OUT/$name"
+  python3 -m localspec.app.cli bench --model /tmp/mod/target.gguf --draft /tmp/mod/draft.gguf \
+    --workload "$workload" --limit "$limit" --max-tokens 256 --temperature "$temp" \
+    --configs "$configs" --learn "$learn" --learn-max-tokens 1000000 --out "$OUT/$name" \
+    > "$OUT/$name/log" 2>&1 || echo "bench $name failed"
+  tail -n 12 "$OUT/$name/log"
+done
