@@ -23,7 +23,10 @@ def test_turns_speculation_off_where_it_loses():
              for a in arms}
     late = play(ctrl, rates, 600)[200:]
     assert ctrl.best() == Arm(0)
-    assert sum(a.nodes == 0 for a in late) / len(late) > 0.95   # plain, bar a few probes
+    assert sum(a.nodes == 0 for a in late) / len(late) > 0.85   # plain, bar the probes
+    tokens = [max(1, round(rates[a] * 0.1)) for a in late]          # as play() scores them
+    rate = sum(tokens) / sum(t / rates[a] for t, a in zip(tokens, late))
+    assert rate > 0.92 * rates[Arm(0)], rate      # probing six losing arms costs under 8%
 
 
 def test_picks_the_fastest_tree_and_follows_a_change():
