@@ -50,7 +50,9 @@ def plain(tiny):
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
-def test_speculative_greedy_equals_plain(tiny, plain, name):
+def test_speculative_greedy_equals_plain(tiny, plain, name, tmp_path, monkeypatch):
+    # a fresh data dir: no other test's learnt budget estimates (which may favour plain rounds)
+    monkeypatch.setenv("LOCALSPEC_DATA_DIR", str(tmp_path))
     draft_kind, maxgram, budget, limits = CONFIGS[name]
     draft = {"gguf": tiny.draft_gguf, "torch": tiny.draft_torch, None: None}[draft_kind]
     session = Session(EngineConfig(tiny.target_gguf, draft=draft, maxgram=maxgram, n_ctx=512, n_threads=1,
