@@ -7,8 +7,8 @@ bookkeeping), so its estimate is measured throughput, not a model of it. It play
 best estimate and probes the others now and then so estimates follow the text as it changes
 character (prose vs. a repeated code block): an arm close to the best is probed every
 `explore_every` rounds, one far below it rarely (the interval grows with the square of how far),
-because on a slow CPU a single probe of a big tree costs ten plain rounds. A probe plays its arm
-`PROBE_ROUNDS` rounds in a row and estimates decay slowly (2% a play): on the 2-core CPU single
+because on a slow CPU a single probe of a big tree costs ten plain rounds. A probe of an arm
+without models plays it `PROBE_ROUNDS` rounds in a row and estimates decay slowly (2% a play): on the 2-core CPU single
 probe rounds of the free arm (1 token or 5) with a 5% decay left its estimate at the mercy of one
 unlucky round, and the bandit played plain 1,539 of 2,531 rounds while the free arm's own rounds
 ran 17.7 tok/s against 14.7 (a simulation of those two arms: 15.2 tok/s then, 16.8 now, 17.7 at

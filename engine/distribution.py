@@ -96,24 +96,23 @@ def process_full_sort(row: np.ndarray, params: SamplingParams) -> Dist:
 def top_ids(row: np.ndarray, k: int) -> np.ndarray:
     """The ids of the k largest entries of `row`, largest first: exactly those of a partition of
     the whole row, found through the column maxima of its [_GROUPS, n / _GROUPS] view (the k
-    largest lie in the k columns with the largest maxima), which reads the row once: ~10x
-    cheaper than np.argpartition over 152k logits for top-k sampling's k = 40."""
+    largest lie in the k columns with the largest maxima): about half the time of np.argpartition
+    over 152k logits for top-k sampling's k = 40 (2-core Xeon)."""
     n = row.shape[0]
     k = min(k, n)
     width = n // _GROUPS
     if width < 2 * k:
         ids = np.argpartition(row, n - k)[n - k:]
         return ids[np.argsort(-row[ids], kind="stable")]
-    grid = row[:width * _GROUPS].reshape(_GROUPS, width)
-    return _top_in_columns(row, grid, grid.max(axis=0), k)
+    return _top_in_columns(row, row[:width * _GROUPS].reshape(_GROUPS, width).max(axis=0), k)
 
 
-def _top_in_columns(row: np.ndarray, grid: np.ndarray, maxima: np.ndarray, k: int) -> np.ndarray:
-    """The k largest of `row` given its grid's column maxima: k columns reach the k-th largest
-    maximum, so every one of the k largest entries is at least that; one comparison pass finds
-    the few that are (the tail beyond the grid included)."""
+def _top_in_columns(row: np.ndarray, maxima: np.ndarray, k: int) -> np.ndarray:
+    """The k largest of `row` given the column maxima of its [_GROUPS, width] view: k columns
+    reach the k-th largest maximum, so every one of the k largest entries is at least that; one
+    comparison pass finds the few that are (the tail beyond the grid included)."""
     global _above
-    width = grid.shape[1]
+    width = maxima.shape[0]
     if k == 1:
         return np.array([int(row.argmax())])
     floor = np.partition(maxima, width - k)[width - k]
@@ -156,7 +155,7 @@ def top_dist(row: np.ndarray, k: int) -> Dist:
         return Dist(ids.astype(np.int64), np.exp(top - top[0]) / np.exp(row - top[0]).sum(dtype=np.float64))
     grid = row[:body].reshape(_GROUPS, width)        # entry (g, c) is token g * width + c
     maxima = grid.max(axis=0)                        # [width]
-    ids = _top_in_columns(row, grid, maxima, k)
+    ids = _top_in_columns(row, maxima, k)
     top = row[ids].astype(np.float64)
     hot = np.flatnonzero(maxima > top[0] - _MARGIN)
     if hot.shape[0] * 2 <= width:

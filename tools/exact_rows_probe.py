@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from localspec.engine.calibrate import _batch   # the tokens calibration measures with
 from localspec.engine.llama_model import LlamaModel
 
 
@@ -24,7 +25,7 @@ def main() -> None:
     path = Path(sys.argv[1])
     contexts = [int(c) for c in sys.argv[2:]] or [64, 320, 700, 1500]
     model = LlamaModel(path, n_ctx=2048, n_seq_max=4)
-    tokens = (np.arange(8, dtype=np.int32) * 7 + 1000) % model.vocab_size
+    tokens = _batch(model, 8)
     for context in contexts:
         model.clear()
         model.prefill((np.arange(100, 100 + context) % model.vocab_size).tolist(), 0)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from localspec.engine.calibrate import _batch   # the tokens calibration measures with
 from localspec.engine.llama_model import LlamaModel
 
 CONTEXT = 300
@@ -25,7 +26,7 @@ def prepared(path: str) -> LlamaModel:
 
 def steps(model: LlamaModel, n_tokens: int, forwards: int) -> None:
     """`forwards` decodes of n_tokens each at the context's end, each rolled back."""
-    tokens = (np.arange(n_tokens, dtype=np.int32) * 7 + 1000) % model.vocab_size
+    tokens = _batch(model, n_tokens)
     positions = np.arange(CONTEXT, CONTEXT + n_tokens, dtype=np.int32)
     for _ in range(forwards):
         model.decode(tokens, positions)
