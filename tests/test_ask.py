@@ -49,7 +49,7 @@ def test_ask_with_piped_stdin_equals_generate(tiny, tmp_path):
 
 def test_settings_supply_the_model_and_flags_override_them(tiny, tmp_path):
     (tmp_path / "settings.json").write_text(json.dumps(
-        {"model": str(tiny.target_gguf), "max_tokens": 8, "stages": []}))
+        {"model": str(tiny.target_gguf), "max_tokens": 3, "stages": []}))
     short = cli("ask", QUESTION, "--ctx", "1024", config_dir=tmp_path, stdin="")
     longer = cli("ask", QUESTION, "--ctx", "1024", "--max-tokens", "48", config_dir=tmp_path, stdin="")
     assert short.returncode == 0 and longer.returncode == 0, short.stderr + longer.stderr

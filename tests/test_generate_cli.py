@@ -30,10 +30,14 @@ def test_json_and_stream_agree_and_match_plain(tiny):
 
 def test_stop_string_ends_the_text_before_it(tiny):
     full = json.loads(generate(tiny, "def add(a, b):\n", "--raw", "--json", "--max-tokens", "24").stdout)
-    assert "return" in full["text"], full["text"]
+    # a word from inside the model's own text (which words the tiny model writes depends on the
+    # library versions it was trained with)
+    stop = next((w for w in full["text"].split()[1:] if len(w) >= 3), None)
+    assert stop, full["text"]
     cut = json.loads(generate(tiny, "def add(a, b):\n", "--raw", "--json", "--max-tokens", "24",
-                              "--stop", "return").stdout)
-    assert cut["text"] == full["text"].split("return")[0] and cut["finish_reason"] == "stop"
+                              "--stop", stop).stdout)
+    assert cut["text"] == full["text"].split(stop)[0] and cut["finish_reason"] == "stop"
+    assert 0 < len(cut["text"]) < len(full["text"])
 
 
 def test_chat_template_is_applied_unless_raw(tiny):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from localspec.engine.budget import AdaptiveBudget
 from localspec.engine.config import TreeBudget
 from localspec.engine.config import DraftLimits
 from localspec.engine.decode import drain
@@ -16,6 +17,10 @@ PROMPTS = [
     ("raw", "for i in range(3):\n    total = total + i\n"),
     ("raw", "class Counter:\n    def __init__(self):\n"),
     ("chat", "Write a function that returns the largest number in a list."),
+    # material the model repeats: what Max-Gram copies (the tiny models' own continuations of
+    # the prompts above end early and repeat too little for a 3-token match on every build)
+    ("raw", "class Person:\n    def __init__(self, name, age):\n        self.name = name\n"
+            "        self.age = age\n\n\nclass Person:\n    def __init__(self, name, age):\n"),
 ]
 
 # name -> (draft kind, maxgram, budget, draft limits)
@@ -58,6 +63,12 @@ def test_speculative_greedy_equals_plain(tiny, plain, name, tmp_path, monkeypatc
     session = Session(EngineConfig(tiny.target_gguf, draft=draft, maxgram=maxgram, n_ctx=512, n_threads=1,
                                    budget=budget, draft_limits=limits))
     plain_session, outputs = plain
+    engine = session.engine
+    if engine.controller is not None:
+        # On the tiny models a target call costs about as much as a round's Python, so plain
+        # decoding may rightly lead and the bandit then only probes: probe every arm often, so
+        # that the rounds this test checks speculate (the policy itself: test_budget.py)
+        engine.controller = AdaptiveBudget(engine.controller.arms, explore_every=1)
     accepted = 0
     try:
         for kind, text in PROMPTS:
