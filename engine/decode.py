@@ -125,8 +125,9 @@ class Engine:
         self._pruned_from: tuple[DraftTree, np.ndarray] | None = None   # this round's tree and keep mask
         # With a cost curve, a free stage runs only while it pays for its Python time (worth.py).
         self._worth = StageWorth(len(self.stages)) if costs is not None and self.stages else None
-        self._ran = np.zeros(len(self.stages), bool)
+        self._ran = [False] * len(self.stages)
         self._tree = DraftTree(capacity=max(2, budget.max_nodes + 1))
+        self._cost_tables: dict[tuple[int, bool], list[float]] = {}
 
     def generate(self, request: GenerationRequest,
                  observer: Callable[[list[int], list[str]], None] | None = None,
@@ -176,7 +177,8 @@ class Engine:
             arm = self._choose()
             shape = self.controller.arms[arm] if self.controller else self._fixed
             tree.reset(root)
-            self._ran[:] = False
+            for i in range(len(self._ran)):
+                self._ran[i] = False
             if self.stages and shape.nodes > 0:
                 self._propose(tree, shape, sampling, rng)
             self._pruned_from = None
@@ -196,7 +198,9 @@ class Engine:
                 if self._pruned_from is not None:
                     self._acceptance.observe_pruned(*self._pruned_from, new, sampling.greedy)
             if self._worth is not None:
-                accepted = np.bincount(tree.drafter[list(walk.path)], minlength=len(self.stages))
+                accepted = [0] * len(self.stages)
+                for n in walk.path:
+                    accepted[tree.drafter[n]] += 1
                 self._worth.credit(self._ran, accepted)
             text, emitted, reason = self._emit(new, result, stream, request.max_tokens)
             if emitted:
@@ -267,22 +271,34 @@ class Engine:
         copy of its kept nodes (drafters keep their own node numbering of `tree`)."""
         if self._acceptance is None or tree.n <= 1:
             return tree
-        cost = self.costs.target_cost
-        if self.stable_shapes:   # any tree beyond the root is verified padded to the arm's size
-            one, padded = cost(1), cost(shape.nodes + 2)
-            if self._plain_before:   # leaving the 1-token shape costs a CUDA graph, both ways
-                padded += self.costs.switch
-            cost = lambda k: one if k <= 1 else padded
-        elif self._buckets:      # a tree is verified padded to its bucket, a switch at a price
-            one, curve, top = cost(1), self.costs.target_cost, shape.nodes + 1
-            switch = self.costs.switch if self._plain_before else 0.0
-            cost = lambda k: one if k <= 1 else curve(bucket(k, top)) + switch
+        cost = self._cost_table(shape, tree.n).__getitem__
         keep = prune.choose(tree, self._acceptance.node_probs(tree), cost)
         if keep.all():
             return tree
         self._pruned_from = (tree, keep)
         stats.pruned += int(tree.n - keep.sum())
         return tree.copy_kept(keep, self._kept)
+
+    def _cost_table(self, shape: Arm, n: int) -> list[float]:
+        """[k] seconds a verify of k tokens costs this round, k up to at least n (index 0 unused):
+        the calibrated curve, as this machine's batch shapes make it. Cached per arm and whether
+        the round leaves a plain stretch (pruning asks for every k, each round)."""
+        key = (shape.nodes, self._plain_before)
+        table = self._cost_tables.get(key)
+        if table is not None and len(table) > n:
+            return table
+        curve, switch = self.costs.target_cost, self.costs.switch if self._plain_before else 0.0
+        size = max(n, shape.nodes + 1) + 1
+        if self.stable_shapes:   # any tree beyond the root is verified padded to the arm's size
+            padded = curve(shape.nodes + 2) + switch   # leaving the 1-token shape: a CUDA graph, both ways
+            table = [0.0, curve(1)] + [padded] * (size - 2)
+        elif self._buckets:      # a tree is verified padded to its bucket, a switch at a price
+            top = shape.nodes + 1
+            table = [0.0, curve(1)] + [curve(bucket(k, top)) + switch for k in range(2, size)]
+        else:
+            table = [0.0] + [curve(k) for k in range(1, size)]
+        self._cost_tables[key] = table
+        return table
 
     def _choose(self) -> int:
         """The arm of this round: the controller's choice, kept HOLD rounds with stable shapes."""
@@ -327,6 +343,8 @@ class Engine:
             if self._worth is None or d.uses_model:
                 d.propose(tree, stage, budget, sampling, rng)
             elif self._worth.runs(stage, self.costs.target_cost(1)):
+                if hasattr(d, "catch_up"):
+                    d.catch_up()
                 t = time.perf_counter()
                 d.propose(tree, stage, budget, sampling, rng)
                 self._worth.ran(stage, time.perf_counter() - t)

@@ -100,6 +100,7 @@ class LlamaModel:
         self._seq = [np.ctypeslib.as_array(self._batch.seq_id[i], shape=(all_seqs,)) for i in range(cap)]
         self._ramp = np.arange(max(cap, all_seqs), dtype=np.int32)              # padding positions, ids
         self._n_outputs = 0
+        self._logits_views: dict[tuple[int, int], np.ndarray] = {}   # (address, rows) -> view
         self._piece = ctypes.create_string_buffer(256)
 
     # ---- vocabulary -------------------------------------------------------------------------
@@ -193,25 +194,40 @@ class LlamaModel:
                 self._seq[i][0] = base
             self._pad_used = need
             self._out[:total] = 1
+            outputs = total
         elif logits is True:
             self._out[:n] = 1
+            outputs = n
         elif logits is False:
             self._out[:n] = 0
             self._out[n - 1] = 1
+            outputs = 1
         else:
             self._out[:n] = logits
+            outputs = int(self._out[:n].sum())
         self._batch.n_tokens = total
         rc = lc.llama_decode(self._ctx, self._batch)
         if rc != 0:
             raise LocalspecError("llama.cpp decode failed", f"code {rc}: {last_log()}",
                                  "The context is probably full: start a new conversation or "
                                  "raise --ctx")
-        self._n_outputs = int(self._out[:total].sum())
+        self._n_outputs = outputs
 
     def logits(self) -> np.ndarray:
-        """[n_outputs, vocab] float32: a zero-copy view, valid until the next decode."""
+        """[n_outputs, vocab] float32: a zero-copy view, valid until the next decode.
+
+        llama_get_logits is called every time (it waits for the decode to finish); the numpy view
+        of its buffer is kept while the buffer stays where it is (building one costs ~50 µs,
+        2-3% of a plain step on an H200)."""
         ptr = lc.llama_get_logits(self._ctx)
-        return np.ctypeslib.as_array(ptr, shape=(self._n_outputs, self.vocab_size))
+        key = (ctypes.cast(ptr, ctypes.c_void_p).value, self._n_outputs)
+        view = self._logits_views.get(key)
+        if view is None:
+            if len(self._logits_views) > 64 or any(k[0] != key[0] for k in self._logits_views):
+                self._logits_views.clear()   # the buffer moved (grew): old views are stale
+            view = self._logits_views[key] = np.ctypeslib.as_array(
+                ptr, shape=(self._n_outputs, self.vocab_size))
+        return view
 
     def prefill(self, tokens: Sequence[int], start: int, seq: int = 0) -> None:
         """Decode tokens at positions start.. in sequence `seq`, in n_batch chunks; last row kept."""

@@ -44,8 +44,20 @@ class AcceptanceModel:
         self.proposed = np.zeros(shape)
         self.decay = decay
         self.max_depth = max_depth
+        self._owed = 0          # rounds whose decay is not applied yet (root-only rounds)
+        self._rates: np.ndarray | None = None   # rates() until the counts change
+
+    def _settle(self) -> None:
+        """Apply the decay of the rounds that only counted (decay^k at once, not k passes)."""
+        if self._owed:
+            f = self.decay ** self._owed
+            self.accepted *= f
+            self.proposed *= f
+            self._owed = 0
+            self._rates = None
 
     def state(self) -> dict:
+        self._settle()
         return {"accepted": self.accepted.tolist(), "proposed": self.proposed.tolist()}
 
     def load(self, state: dict) -> None:
@@ -53,44 +65,53 @@ class AcceptanceModel:
         accepted, proposed = np.asarray(state["accepted"], float), np.asarray(state["proposed"], float)
         if (accepted.shape == self.accepted.shape == proposed.shape
                 and (proposed >= accepted).all() and (accepted >= 0).all()):
-            self.accepted, self.proposed = accepted, proposed
+            self.accepted, self.proposed, self._owed, self._rates = accepted, proposed, 0, None
 
     def rates(self) -> np.ndarray:
-        """[stages, HINTS, depth] the smoothed acceptance rates."""
-        stage = (self.accepted.sum((1, 2)) + 0.5) / (self.proposed.sum((1, 2)) + 1.0)
-        pool = ((self.accepted.sum(-1) + self.POOL_BACKOFF * stage[:, None])
-                / (self.proposed.sum(-1) + self.POOL_BACKOFF))
-        return (self.accepted + self.BACKOFF * pool[..., None]) / (self.proposed + self.BACKOFF)
+        """[stages, HINTS, depth] the smoothed acceptance rates (kept until the counts change)."""
+        self._settle()
+        if self._rates is None:
+            stage = (self.accepted.sum((1, 2)) + 0.5) / (self.proposed.sum((1, 2)) + 1.0)
+            pool = ((self.accepted.sum(-1) + self.POOL_BACKOFF * stage[:, None])
+                    / (self.proposed.sum(-1) + self.POOL_BACKOFF))
+            self._rates = (self.accepted + self.BACKOFF * pool[..., None]) / (self.proposed + self.BACKOFF)
+        return self._rates
 
     def node_probs(self, tree: DraftTree) -> np.ndarray:
         """[tree.n] chance each node is accepted (the root: 1)."""
         n = tree.n
         depth = np.minimum(tree.depth[:n], self.max_depth)
         stage = np.maximum(tree.drafter[:n], 0)
-        local = self.rates()[stage, tree.hint[:n], depth]
-        probs = np.empty(n)
-        probs[0] = 1.0
-        parent = tree.parent
-        for i in range(1, n):                 # parents come first: one pass
-            probs[i] = probs[parent[i]] * local[i]
-        return probs
+        local = self.rates()[stage, tree.hint[:n], depth].tolist()
+        parent = tree.parent[:n].tolist()
+        probs = [1.0] * n
+        for i in range(1, n):                 # parents come first: one pass (over lists: a
+            probs[i] = probs[parent[i]] * local[i]   # numpy scalar costs ~10x a float here)
+        return np.array(probs)
 
-    def _cell(self, tree: DraftTree, node: int) -> tuple[int, int, int]:
-        """(stage, hint, depth) of a node: where its acceptance is counted."""
-        return (max(int(tree.drafter[node]), 0), int(tree.hint[node]),
-                min(int(tree.depth[node]), self.max_depth))
+    def _count(self, tree: DraftTree, nodes: list[int], hits: list[bool]) -> None:
+        """Count `nodes` as proposed with their parent accepted, and `hits` of them accepted."""
+        drafter, hint, depth = tree.drafter, tree.hint, tree.depth
+        top = self.max_depth
+        for node, hit in zip(nodes, hits):
+            cell = (max(int(drafter[node]), 0), int(hint[node]), min(int(depth[node]), top))
+            self.proposed[cell] += 1.0
+            if hit:
+                self.accepted[cell] += 1.0
+        self._rates = None
 
     def update(self, tree: DraftTree, path: tuple[int, ...]) -> None:
         """Count the nodes whose parent was accepted, and which of them were."""
-        self.accepted *= self.decay
-        self.proposed *= self.decay
+        self._owed += 1
+        n = tree.n
+        if n <= 1:   # nothing to count: the decay waits for the next counted round
+            return
+        self._settle()
         on_path = {0, *path}
         accepted = set(path)
-        for i in range(1, tree.n):
-            if int(tree.parent[i]) in on_path:
-                cell = self._cell(tree, i)
-                self.proposed[cell] += 1.0
-                self.accepted[cell] += float(i in accepted)
+        parent = tree.parent[:n].tolist()
+        nodes = [i for i in range(1, n) if parent[i] in on_path]
+        self._count(tree, nodes, [i in accepted for i in nodes])
 
     def observe_pruned(self, tree: DraftTree, keep: np.ndarray, tokens: list[int], greedy: bool) -> None:
         """Count the nodes pruned this round by what the target then chose (`tokens`, the round's
@@ -98,52 +119,67 @@ class AcceptanceModel:
         deterministic one when sampling) would have been accepted exactly when its token is the
         target's, so its fate is known once the tokens below its parent are. Without this, a
         class pruned while its rate was still a guess would never be seen again."""
+        self._settle()
+        nodes: list[int] = []
+        hits: list[bool] = []
         node = 0
         for token in tokens:
             matched = -1
             for c in tree.children[node]:
                 if not keep[c] and (greedy or tree.proposal[c] is None):
-                    cell = self._cell(tree, c)
-                    self.proposed[cell] += 1.0
-                    self.accepted[cell] += float(tree.tokens[c] == token)
+                    nodes.append(c)
+                    hits.append(bool(tree.tokens[c] == token))
                 if tree.tokens[c] == token:
                     matched = c
             if matched < 0:
-                return
+                break
             node = matched
+        if nodes:
+            self._count(tree, nodes, hits)
 
 
 def choose(tree: DraftTree, probs: np.ndarray, cost: Callable[[int], float]) -> np.ndarray:
-    """[tree.n] bool: the nodes worth verifying (the root always)."""
+    """[tree.n] bool: the nodes worth verifying (the root always). `cost(k)`: seconds a verify of
+    k tokens costs; it is called for every k up to tree.n, so make it a table lookup."""
     n = tree.n
     keep = np.zeros(n, bool)
     keep[0] = True
     if n == 1:
         return keep
-    # Best-first over the nodes that may join: the first child of a chosen node, and the next
-    # sibling of a chosen node. Every prefix of `chosen` is then parent- and sibling-closed.
+    p = probs.tolist()
+    children = tree.children
+    if all(len(children[i]) <= 1 for i in range(n)):
+        chosen = range(1, n)   # one chain: children come after parents, so in index order
+    else:
+        chosen = _best_first(tree, p)
+    best_k, best_rate, expected = 0, 1.0 / cost(1), 1.0
+    for k, i in enumerate(chosen, start=1):
+        expected += p[i]
+        rate = expected / cost(k + 1)
+        if rate > best_rate:
+            best_k, best_rate = k, rate
+    keep[list(chosen[:best_k])] = True
+    return keep
+
+
+def _best_first(tree: DraftTree, p: list[float]) -> list[int]:
+    """The nodes in best-first order over those that may join: the first child of a chosen node,
+    and the next sibling of a chosen node. Every prefix of the order is then parent- and
+    sibling-closed."""
+    children, parent = tree.children, tree.parent[:tree.n].tolist()
     heap: list[tuple[float, int]] = []
-
-    def offer(node: int) -> None:
-        heapq.heappush(heap, (-float(probs[node]), node))
-
-    if tree.children[0]:
-        offer(tree.children[0][0])
+    if children[0]:
+        heap.append((-p[children[0][0]], children[0][0]))
     chosen: list[int] = []
     while heap:
         _, i = heapq.heappop(heap)
         chosen.append(i)
-        if tree.children[i]:
-            offer(tree.children[i][0])
-        siblings = tree.children[int(tree.parent[i])]
+        if children[i]:
+            first = children[i][0]
+            heapq.heappush(heap, (-p[first], first))
+        siblings = children[parent[i]]
         at = siblings.index(i)
         if at + 1 < len(siblings):
-            offer(siblings[at + 1])
-    best_k, best_rate, expected = 0, 1.0 / cost(1), 1.0
-    for k, i in enumerate(chosen, start=1):
-        expected += probs[i]
-        rate = expected / cost(k + 1)
-        if rate > best_rate:
-            best_k, best_rate = k, rate
-    keep[chosen[:best_k]] = True
-    return keep
+            nxt = siblings[at + 1]
+            heapq.heappush(heap, (-p[nxt], nxt))
+    return chosen

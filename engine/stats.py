@@ -49,6 +49,8 @@ class DecodeStats:
 
     def record_round(self, tree: DraftTree, path: tuple[int, ...]) -> None:
         self.target_calls += 1
+        if tree.n <= 1:   # a plain step (no guess, or all pruned): nothing drafted to count
+            return
         depths, stages = tree.depth[1:tree.n], tree.drafter[1:tree.n]
         for s, stage in enumerate(self.stages):
             mine = depths[stages == s]

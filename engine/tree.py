@@ -36,6 +36,11 @@ class TreeLayout:
     leaf_seq: dict[int, int]     # leaf node -> its sequence id
 
 
+_ROOT_DEPTH = np.zeros(1, np.int32)
+_ROOT_DEPTH.flags.writeable = False
+_ROOT_ALONE = TreeLayout(depth=_ROOT_DEPTH, seq_ids=((0,),), leaf_seq={0: 0})
+
+
 class DraftTree:
     def __init__(self, capacity: int = 256) -> None:
         self.capacity = capacity
@@ -49,18 +54,16 @@ class DraftTree:
         # Distribution each node was drawn from, given its parent (None: proposed deterministically).
         self.proposal: list[Dist | None] = [None] * capacity
         self.n = 0
+        self.parent[0], self.depth[0], self.logp[0], self.drafter[0], self.hint[0] = -1, 0, 0.0, -1, 0
 
     def reset(self, root_token: int) -> None:
+        # the root's parent, depth, logp, drafter and hint never change (add writes index >= 1)
+        children, proposal = self.children, self.proposal
         for i in range(self.n):
-            self.children[i].clear()
-            self.proposal[i] = None
+            children[i].clear()
+            proposal[i] = None
         self.n = 1
         self.tokens[0] = root_token
-        self.parent[0] = -1
-        self.depth[0] = 0
-        self.logp[0] = 0.0
-        self.drafter[0] = -1
-        self.hint[0] = 0
 
     @property
     def room(self) -> int:
@@ -116,6 +119,8 @@ class DraftTree:
     def layout(self) -> TreeLayout:
         """One sequence id per leaf; a node carries the ids of all leaves below it."""
         n = self.n
+        if n == 1:   # the root alone (a plain step): most rounds where nothing was worth a guess
+            return _ROOT_ALONE
         leaves = [i for i in range(n) if not self.children[i]]
         leaf_seq = {leaf: s for s, leaf in enumerate(leaves)}
         sets: list[list[int]] = [[] for _ in range(n)]

@@ -11,7 +11,9 @@ A drafter keeps its own view of the committed context (the prompt plus every acc
   tokens already among the siblings) and records q as each child's ``proposal``; a drafter
   without q (n-gram matching) adds deterministic children (``proposal=None``).
 - ``accept(tokens)``: ``tokens`` were committed after the previous root (accepted drafts plus the
-  target's own token); the new root is ``tokens[-1]``. Drafters roll their state forward here.
+  target's own token); the new root is ``tokens[-1]``. Drafters roll their state forward here,
+  or keep the tokens and roll forward in an optional ``catch_up()``, which the engine calls
+  before it times a propose (the personal n-gram stage, which sits out most rounds on a GPU).
 
 Stages are an ordered list of drafters; each gets the tree after the previous one has grown it.
 ``uses_model`` tells a drafter that runs a neural model (whose rounds cost real time) from a free

@@ -56,12 +56,19 @@ class MaxGram:
         self.accept(context)
 
     def accept(self, tokens: Sequence[int]) -> None:
-        toks, max_n = self._tokens, self.limits.max_n
+        toks, follow = self._tokens, self._follow
+        min_n, max_n = self.limits.min_n, self.limits.max_n
         for token in tokens:
-            # index the n-grams ending just before this token: they are followed by it
+            # index the n-grams ending just before this token: they are followed by it (only the
+            # lengths propose looks up: min_n..max_n)
             end = len(toks)
-            for n in range(1, min(max_n, end) + 1):
-                self._follow.setdefault(tuple(toks[end - n:end]), []).append(end)
+            for n in range(min_n, min(max_n, end) + 1):
+                key = tuple(toks[end - n:end])
+                starts = follow.get(key)
+                if starts is None:
+                    follow[key] = [end]
+                else:
+                    starts.append(end)
             toks.append(int(token))
 
     def propose(self, tree: DraftTree, stage: int, budget: int, sampling: SamplingParams,

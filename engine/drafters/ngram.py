@@ -120,16 +120,18 @@ class PersonalNgram:
         self._session: dict[tuple[int, ...], dict[int, int]] = {}  # n-grams of the context
         self._merged: dict[tuple[int, ...], _Counts] = {}          # stored + session
         self._tokens: list[int] = []
+        self._pending: list[int] = []   # committed, not learnt yet (learnt when next needed)
 
     # ---- Drafter protocol ---------------------------------------------------------------------
     def begin(self, context: Sequence[int]) -> None:
         fresh = self.store is not None and self._load_store()
+        self.catch_up()
         n = len(self._tokens)
         if not fresh and n and len(context) >= n and list(context[:n]) == self._tokens:
-            self.accept(context[n:])     # the chat went on: keep what was built for it
+            self._learn(context[n:])     # the chat went on: keep what was built for it
             return
         self._tokens, self._session, self._merged = [], {}, {}
-        self.accept(context)
+        self._learn(context)
 
     def _load_store(self) -> bool:
         """(Re)load the cache if the store changed (learnt, forgot) or the cache grew too big."""
@@ -143,6 +145,18 @@ class PersonalNgram:
         return True
 
     def accept(self, tokens: Sequence[int]) -> None:
+        # Learnt when the drafter next proposes: on a fast GPU this stage sits out most rounds
+        # (worth.py), and learning each round's tokens cost ~17 µs of a 2 ms step.
+        self._pending.extend(tokens)
+
+    def catch_up(self) -> None:
+        """Learn the tokens accepted since the last propose (the engine calls it before timing a
+        propose, so a stage that sat out is not charged for the rounds it skipped)."""
+        if self._pending:
+            pending, self._pending = self._pending, []
+            self._learn(pending)
+
+    def _learn(self, tokens: Sequence[int]) -> None:
         toks, session, merged = self._tokens, self._session, self._merged
         for token in tokens:
             token = int(token)
@@ -159,6 +173,7 @@ class PersonalNgram:
     def propose(self, tree: DraftTree, stage: int, budget: int, sampling: SamplingParams,
                 rng: np.random.Generator) -> None:
         budget = min(budget, tree.room)
+        self.catch_up()
         if budget <= 0 or not self._tokens:
             return
         keep, max_depth = self.max_n - 1, self.limits.max_depth
@@ -182,7 +197,7 @@ class PersonalNgram:
                 expand(child, -neg, (hist + (token,))[-keep:])
 
     def close(self) -> None:
-        self._stored, self._session, self._merged, self._tokens = {}, {}, {}, []
+        self._stored, self._session, self._merged, self._tokens, self._pending = {}, {}, {}, [], []
         self._revision = None
 
     # ---- the model ----------------------------------------------------------------------------
@@ -211,6 +226,7 @@ class PersonalNgram:
 
     def _mixture(self, hist: tuple[int, ...]) -> tuple[list[_Counts], list[float]]:
         """Seen levels, longest context first, and each one's weight W_k in the interpolation."""
+        self.catch_up()
         top = min(len(hist), self.max_n - 1)
         ctxs = [hist[len(hist) - k:] for k in range(top, -1, -1)]   # ..., (b, c), (c,), ()
         if self.store is not None:
