@@ -38,6 +38,10 @@ DRAFT_SIZES = (1, 2, 4, 8)
 MAX_AGE = 30 * 24 * 3600   # seconds a cached measurement is trusted (drivers and builds change)
 _CONTEXT = 64         # tokens before the measured batch
 _REPS = 5
+# how a measurement is taken: a change re-measures cached curves. v2: a decode counts until its
+# logits are readable (llama_decode returns before a GPU is done; without the wait the H100's
+# curve read 1.69 ms for one token where a plain step took 1.86, and batches less than they cost)
+_METHOD = "v2"
 _BURST = 4            # decodes in a row per size on a GPU: llama.cpp replays a CUDA graph from the third
 
 
@@ -69,11 +73,13 @@ class Costs:
 
     @property
     def cheap_switch(self) -> bool:
-        """A change of batch shape costs less than half a plain step: then a GPU's batches can
-        take whatever size a round needs instead of one padded size (llama.cpp built with
-        packaging/patches keeps a CUDA graph per shape: 0.5 ms a round trip on the H200 against
-        2.2-2.9 ms without it)."""
-        return self.switch <= 0.5 * self.target_cost(1)
+        """A change of batch shape costs less than a plain step: then a GPU's batches can take
+        whatever size a round needs instead of one padded size (llama.cpp built with
+        packaging/patches keeps a CUDA graph per shape: a round trip costs 0.3-0.5 ms on the H200
+        and 1.0 ms on the H100, against 2.2-2.9 ms without it, 1.2-1.5 plain steps). At half a
+        step the H100 (0.98 ms against 1.69) fell to padded, held rounds and lost Max-Gram's gain
+        (HumanEval all 164: 0.95x where Max-Gram alone ran 1.07x)."""
+        return self.switch <= self.target_cost(1)
 
     def draft_cost(self, n: int) -> float:
         return self._at(self.draft, n) if self.draft else 0.0
@@ -137,6 +143,7 @@ def measure(models: Sequence[LlamaModel], sizes: Sequence[Sequence[int]],
                     for b in range(burst):
                         t = time.perf_counter()
                         model.decode(tokens, positions[:n], logits=True)
+                        model.logits()   # waits for the GPU and the copy, as a verify does
                         if b >= burst - 2:
                             best[n] = min(best[n], time.perf_counter() - t)
                         model.seq_rm(0, _CONTEXT, -1)
@@ -158,6 +165,7 @@ def measure_switch(model: LlamaModel, big: int, steady: dict[int, float], pairs:
             t = time.perf_counter()
             for n in (1, big):
                 model.decode(_batch(model, n), positions[:n], logits=True)
+                model.logits()
                 model.seq_rm(0, _CONTEXT, -1)
             extra.append(time.perf_counter() - t - steady[1] - steady[big])
     finally:
@@ -166,7 +174,7 @@ def measure_switch(model: LlamaModel, big: int, steady: dict[int, float], pairs:
 
 
 def _fingerprint(models: Sequence[LlamaModel]) -> str:
-    parts = [platform.machine(), _cpu_name(), lc.__version__,
+    parts = [_METHOD, platform.machine(), _cpu_name(), lc.__version__,
              lc.llama_print_system_info().decode(errors="replace"), *_library_stamps()]
     for model in models:
         st = model.path.stat()

@@ -269,7 +269,7 @@ class Engine:
     def _prune(self, tree: DraftTree, stats: DecodeStats, shape: Arm) -> DraftTree:
         """The part of the tree worth verifying on this machine (prune.py): `tree` itself, or a
         copy of its kept nodes (drafters keep their own node numbering of `tree`)."""
-        if self._acceptance is None or tree.n <= 1:
+        if self._acceptance is None or tree.n <= 1 or not shape.pruned:
             return tree
         cost = self._cost_table(shape, tree.n).__getitem__
         keep = prune.choose(tree, self._acceptance.node_probs(tree), cost)
@@ -332,6 +332,10 @@ class Engine:
         # With a model drafter after them, the free stages fill at most half the tree: the model
         # checks their chains along (vertical cascade) and spends the rest on its own guesses.
         free_room = room // 2 if shape.models and self._has_models else room
+        if not shape.pruned and not shape.models:   # the cheapest stage's tree, verified whole
+            stage = next(i for i, d in enumerate(self.stages) if not d.uses_model)
+            self.stages[stage].propose(tree, stage, room, sampling, rng)
+            return
         for stage, d in enumerate(self.stages):
             if d.uses_model and not shape.models:
                 continue

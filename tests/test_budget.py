@@ -48,8 +48,10 @@ def test_arms_of_fixed_and_adaptive_budgets():
     # which may stand in for plain decoding; models stop at 16
     assert TreeBudget(max_nodes=32, adaptive=True).arms(pruned=True) == (
         Arm(0), Arm(32, False), Arm(4), Arm(8), Arm(16))
+    # on a GPU (no plain arm) Max-Gram's 8-node chains verified whole are a second free arm
     assert TreeBudget(max_nodes=32, adaptive=True).arms(pruned=True, plain=False) == (
-        Arm(32, False), Arm(4), Arm(8), Arm(16))
+        Arm(32, False), Arm(8, False, pruned=False), Arm(4), Arm(8), Arm(16))
+    assert str(Arm(8, False, pruned=False)) == "8 copy" and str(Arm(32, False)) == "32 free"
     assert TreeBudget(max_nodes=32, adaptive=True).arms(pruned=True, with_free=False) == (
         Arm(0), Arm(4), Arm(8), Arm(16))
 
@@ -86,3 +88,4 @@ def test_while_a_model_arm_leads_the_free_arm_is_probed_often(monkeypatch):
     end, late = stretch_end(AdaptiveBudget.CHEAP_EVERY)
     assert end < 150 and late <= 2            # over, then only rare probes
     assert stretch_end(64)[0] > 190           # the usual schedule: still on the draft's arm
+
