@@ -25,6 +25,7 @@ chat: install bench-models
 		--draft $(MODELS)/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf
 
 test: install bench-models
+	$(BIN)/ruff check .
 	LOCALSPEC_BENCH_MODELS=$(MODELS) $(BIN)/python -m pytest -q -rs
 
 test-fast: install

@@ -17,7 +17,7 @@ os.environ["LOCALSPEC_DATA_DIR"] = tempfile.mkdtemp(prefix="localspec-test-data-
 # Settings likewise: no test reads or writes the user's real config.
 os.environ["LOCALSPEC_CONFIG_DIR"] = tempfile.mkdtemp(prefix="localspec-test-config-")
 
-from tiny_models import TinyModels, build_tiny_models
+from tiny_models import TinyModels, build_tiny_models  # noqa: E402  (after the environment above)
 
 
 @pytest.fixture(scope="session")

@@ -55,9 +55,15 @@ def together(*jobs) -> None:
 def main() -> None:
     target, draft = prepared(sys.argv[1]), prepared(sys.argv[2])
     reps = int(sys.argv[3]) if len(sys.argv) > 3 else 20
-    verify = lambda: steps(target, 5, 1)
-    run_ahead = lambda: steps(draft, 1, 4)
-    plain_step = lambda: steps(target, 1, 1)
+    def verify() -> None:
+        steps(target, 5, 1)
+
+    def run_ahead() -> None:
+        steps(draft, 1, 4)
+
+    def plain_step() -> None:
+        steps(target, 1, 1)
+
     a, b, p = timed(verify, reps), timed(run_ahead, reps), timed(plain_step, reps)
     seq = timed(lambda: (verify(), run_ahead()), reps)
     par = timed(lambda: together(verify, run_ahead), reps)

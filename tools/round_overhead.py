@@ -83,7 +83,9 @@ def install_timers() -> dict[str, list]:
 
 def costs_of(bench_json: Path) -> Costs:
     cal = read_json(bench_json)["calibration"]
-    curve = lambda d: {int(n): ms / 1e3 for n, ms in d.items()}
+    def curve(ms: dict) -> dict[int, float]:
+        return {int(n): v / 1e3 for n, v in ms.items()}
+
     return Costs(curve(cal["target_ms"]), curve(cal["draft_ms"]), None, cal["switch_ms"] / 1e3)
 
 
