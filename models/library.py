@@ -32,7 +32,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator, Sequence
 
 from localspec.engine.errors import LocalspecError
 from localspec.models import torch_draft
@@ -238,10 +238,33 @@ def quantization_of(info: GGUFInfo) -> str:
     return found.group(1).upper() if found else "unknown"
 
 
-def check_draft_vocabulary(target: Path, draft: Path) -> None:
-    """Refuse a draft whose vocabulary differs from the target's (size, then token fingerprint)."""
-    t_vocab, d_vocab = file_vocabulary(target), file_vocabulary(draft)
-    check_vocabularies(target.name, t_vocab, draft.name, d_vocab)
+@dataclass(frozen=True)
+class _CheckedDraft:
+    """A draft checked against its target: a GGUF's part headers, or a PyTorch folder's facts
+    (torch_draft.check_against)."""
+    infos: list[GGUFInfo] | None = None
+    torch: Any = None
+
+
+def _check_draft(target_first: Path, target_name: str, files: Sequence[Path], names: Sequence[str],
+                 folder: str | None) -> _CheckedDraft:
+    """Refuse a draft that is not a valid model or whose vocabulary differs from the target's.
+    `names`: the files' names as the user knows them (staged downloads have temporary paths);
+    `folder`: a PyTorch draft's folder name (None: a GGUF, split or not)."""
+    if folder is not None:
+        return _CheckedDraft(torch=torch_draft.check_against(target_first, dict(zip(names, files)),
+                                                             target_name, folder))
+    infos = _read_parts(list(files))
+    check_vocabularies(target_name, file_vocabulary(target_first), names[0], file_vocabulary(files[0]))
+    return _CheckedDraft(infos=infos)
+
+
+def _draft_record(draft: _CheckedDraft, at: Sequence[Path], owned: bool, source: str = "") -> ModelFile:
+    """The manifest record of a checked draft whose files are (now) at `at`."""
+    if draft.torch is not None:
+        t = draft.torch
+        return ModelFile(at[0].parent, t.size, owned, t.dtype, t.vocab_size, tuple(at), source, "torch")
+    return _gguf_record(list(at), draft.infos, owned, source)
 
 
 def check_vocabularies(target: str, t_vocab: Vocabulary, draft: str, d_vocab: Vocabulary) -> None:
@@ -305,18 +328,17 @@ def import_model(name: str, target_path: str | Path, draft_path: str | Path | No
     t_infos = _read_parts(target)
     draft: list[Path] = []
     folder: Path | None = None
+    checked: _CheckedDraft | None = None
     if draft_path is not None:
         found = Path(draft_path).expanduser().resolve()
         if found.is_dir():
             folder = found
             draft = [found / n for n in torch_draft.wanted_files(
                 p.name for p in found.iterdir() if p.is_file())]
-            d_torch = torch_draft.check_against(target[0], {p.name: p for p in draft},
-                                                target[0].name, found.name)
         else:
             draft = _parts_on_disk(found)
-            d_infos = _read_parts(draft)
-            check_draft_vocabulary(target[0], draft[0])
+        checked = _check_draft(target[0], target[0].name, draft, [p.name for p in draft],
+                               folder.name if folder is not None else None)
     sources = target + draft
     if copy:
         dests = [owned_path(name, p.name, root, folder.name if folder and i >= len(target) else None)
@@ -329,13 +351,8 @@ def import_model(name: str, target_path: str | Path, draft_path: str | Path | No
         _check_free(name, models)
         placed = _copy_all(sources, dests) if copy else sources
         t_at, d_at = placed[:len(target)], placed[len(target):]
-        records = [_gguf_record(t_at, t_infos, copy)]
-        if folder is not None:
-            records.append(ModelFile(d_at[0].parent, d_torch.size, copy, d_torch.dtype,
-                                     d_torch.vocab_size, tuple(d_at), "", "torch"))
-        elif draft:
-            records.append(_gguf_record(d_at, d_infos, copy))
-        model = InstalledModel(name, records[0], records[1] if draft else None, time.time())
+        model = InstalledModel(name, _gguf_record(t_at, t_infos, copy),
+                               _draft_record(checked, d_at, copy) if checked else None, time.time())
         models[name] = model
         _write_manifest(models, root)
     return model
@@ -353,13 +370,8 @@ def install_downloaded(name: str, target: StagedFile, draft: StagedFile | None,
     """Move verified downloads into `<store>/<name>/` and register them: all or nothing."""
     check_name(name)
     t_infos = _read_parts(target.staged)
-    if draft is not None and draft.folder is not None:
-        d_info = torch_draft.check_against(target.staged[0], dict(zip(draft.names, draft.staged)),
-                                           target.names[0], draft.folder)
-    elif draft is not None:
-        d_infos = _read_parts(draft.staged)
-        check_vocabularies(target.names[0], file_vocabulary(target.staged[0]),
-                           draft.names[0], file_vocabulary(draft.staged[0]))
+    checked = (_check_draft(target.staged[0], target.names[0], draft.staged, draft.names, draft.folder)
+               if draft is not None else None)
     staged = [target] + ([draft] if draft else [])
     dests = [[owned_path(name, n, root, s.folder) for n in s.names] for s in staged]
     flat = [d for group in dests for d in group]
@@ -378,13 +390,9 @@ def install_downloaded(name: str, target: StagedFile, draft: StagedFile | None,
                     moved.append((src, dest))
             for folder in {d.parent for d in flat}:
                 _fsync_dir(folder)
-            records = [_gguf_record(dests[0], t_infos, True, target.source)]
-            if draft is not None and draft.folder is not None:
-                records.append(ModelFile(dests[1][0].parent, d_info.size, True, d_info.dtype,
-                                         d_info.vocab_size, tuple(dests[1]), draft.source, "torch"))
-            elif draft is not None:
-                records.append(_gguf_record(dests[1], d_infos, True, draft.source))
-            model = InstalledModel(name, records[0], records[1] if draft else None, time.time())
+            model = InstalledModel(name, _gguf_record(dests[0], t_infos, True, target.source),
+                                   _draft_record(checked, dests[1], True, draft.source) if checked else None,
+                                   time.time())
             models[name] = model
             _write_manifest(models, root)
         except BaseException:
