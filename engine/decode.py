@@ -128,6 +128,8 @@ class Engine:
         self._ran = [False] * len(self.stages)
         self._tree = DraftTree(capacity=max(2, budget.max_nodes + 1))
         self._cost_tables: dict[tuple[int, bool], list[float]] = {}
+        # the stage an unpruned free arm runs alone (Max-Gram; such arms exist only with one)
+        self._cheapest_free = next((i for i, d in enumerate(self.stages) if not d.uses_model), -1)
 
     def generate(self, request: GenerationRequest,
                  observer: Callable[[list[int], list[str]], None] | None = None,
@@ -333,8 +335,7 @@ class Engine:
         # checks their chains along (vertical cascade) and spends the rest on its own guesses.
         free_room = room // 2 if shape.models and self._has_models else room
         if not shape.pruned and not shape.models:   # the cheapest stage's tree, verified whole
-            stage = next(i for i, d in enumerate(self.stages) if not d.uses_model)
-            self.stages[stage].propose(tree, stage, room, sampling, rng)
+            self.stages[self._cheapest_free].propose(tree, self._cheapest_free, room, sampling, rng)
             return
         for stage, d in enumerate(self.stages):
             if d.uses_model and not shape.models:

@@ -32,7 +32,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Iterator, Sequence
 
 from localspec.engine.errors import LocalspecError
 from localspec.models import torch_draft
@@ -243,7 +243,7 @@ class _CheckedDraft:
     """A draft checked against its target: a GGUF's part headers, or a PyTorch folder's facts
     (torch_draft.check_against)."""
     infos: list[GGUFInfo] | None = None
-    torch: Any = None
+    torch: torch_draft.TorchDraftInfo | None = None
 
 
 def _check_draft(target_first: Path, target_name: str, files: Sequence[Path], names: Sequence[str],
