@@ -19,6 +19,7 @@ from typing import Callable, Sequence
 from localspec.engine.calibrate import Costs, calibrate
 from localspec.engine.config import (
     DEFAULT_TREE_NODES,
+    HEAD_LIMITS,
     DraftLimits,
     GenerationRequest,
     SamplingParams,
@@ -40,6 +41,7 @@ from localspec.engine.session import (
     EngineConfig,
     Session,
     draft_runs_in_torch,
+    with_head,
     with_torch_draft,
 )
 
@@ -68,6 +70,10 @@ CONFIGS = {
     "adaptive": BenchConfig("adaptive", ("maxgram", "ngram", "draft"),
                             TreeBudget(max_nodes=DEFAULT_TREE_NODES, adaptive=True),
                             DraftLimits(max_depth=6, branching=2, width=4)),
+    # a draft head (--head) on the target's hidden state: alone, and in the adaptive budget
+    "head": BenchConfig("head", ("head",), TreeBudget(max_nodes=12), HEAD_LIMITS),
+    "adaptive-head": BenchConfig("adaptive-head", ("maxgram", "ngram", "head"),
+                                 TreeBudget(max_nodes=DEFAULT_TREE_NODES, adaptive=True), HEAD_LIMITS),
 }
 
 
@@ -129,7 +135,7 @@ class ConfigResult:
 
 
 def _engines(target_session: Session, draft_model, store,
-             names: Sequence[str], costs: Costs | None) -> dict[str, Engine]:
+             names: Sequence[str], costs: Costs | None, head_costs: Costs | None = None) -> dict[str, Engine]:
     gpu = target_session.model.n_gpu_layers != 0
     # a GGUF draft on a GPU keeps one batch shape unless a change of shape is cheap there
     draft_stable = gpu and not (costs is not None and costs.cheap_switch)
@@ -151,10 +157,15 @@ def _engines(target_session: Session, draft_model, store,
             elif stage == "draft" and draft_model is not None:
                 from localspec.engine.drafters.torch_draft import TorchDraft
                 stages.append(TorchDraft(draft_model, cfg.draft_limits))
+            elif stage == "head" and target_session.head is not None:
+                from localspec.engine.drafters.head import HeadDrafter
+                stages.append(HeadDrafter(target_session.head, target_session.engine.target,
+                                          cfg.draft_limits))
         if len(stages) < len(cfg.stages):
             continue
+        own = head_costs if "head" in cfg.stages else costs
         engine = engines[name] = Engine(target_session.engine.target, stages, cfg.budget,
-                                        costs if cfg.budget.adaptive else None,
+                                        own if cfg.budget.adaptive else None,
                                         stable_shapes=gpu)
         if engine.controller is not None:
             engine.controller.trace = []
@@ -164,13 +175,17 @@ def _engines(target_session: Session, draft_model, store,
 def run_bench(target: Path, draft: Path | None, prompts: Sequence[Prompt], names: Sequence[str],
               max_tokens: int, sampling: SamplingParams, n_ctx: int, store=None,
               progress: Callable[[str], None] = lambda s: None, check: bool = True,
-              torch_draft: bool = False) -> dict:
+              torch_draft: bool = False, head: Path | None = None) -> dict:
     """Run every configuration on every prompt; the report. `store`: the n-gram store the "ngram"
     stage reads (configurations with that stage are skipped without one). `check`: HumanEval
     pass@1 for prompts that carry a problem. `torch_draft`: run the draft in PyTorch (a
-    transformers folder always is; a .gguf is dequantised), on the GPU with CUDA graphs."""
+    transformers folder always is; a .gguf is dequantised), on the GPU with CUDA graphs.
+    `head`: a draft head for the "head" configurations (the target then hands back its hidden
+    states in every configuration, plain included)."""
     max_nodes = max(config(n).budget.max_nodes for n in names)
+    uses_head = head is not None and any("head" in config(n).stages for n in names)
     session = Session(EngineConfig(target, speculation=True, maxgram=False, n_ctx=n_ctx,
+                                   head=head if uses_head else None,
                                    budget=TreeBudget(max_nodes=max_nodes)))
     draft_model = None
     try:
@@ -184,9 +199,12 @@ def run_bench(target: Path, draft: Path | None, prompts: Sequence[Prompt], names
         if any(config(n).budget.adaptive for n in names) or session.model.n_gpu_layers != 0:
             gguf = draft_model if isinstance(draft_model, LlamaModel) else None
             costs = calibrate(session.model, gguf, max_nodes)
+            head_costs = with_head(costs, session.head) if session.head is not None else None
             if draft_model is not None and gguf is None:
                 costs = with_torch_draft(costs, draft_model, draft)
-        engines = _engines(session, draft_model, store, names, costs)
+        else:
+            head_costs = None
+        engines = _engines(session, draft_model, store, names, costs, head_costs)
         results = {name: ConfigResult(name) for name in engines}
         started = time.time()
         for i, prompt in enumerate(prompts):
@@ -210,6 +228,11 @@ def run_bench(target: Path, draft: Path | None, prompts: Sequence[Prompt], names
                                        f"pytorch {draft_model.device.type} {str(draft_model.dtype)[6:]}"
                                        + (" cuda-graphs" if draft_model.static_shapes
                                           and draft_model.device.type == "cuda" else ""))
+        if session.head is not None:
+            report["head"] = {"file": session.head.path.name, **{k: v for k, v in session.head.meta.items()
+                                                                  if k != "format"}}
+            if head_costs is not None:
+                report["head"]["step_ms"] = {n: round(1e3 * s, 3) for n, s in head_costs.draft.items()}
         if costs is not None:
             report["calibration"] = costs.to_dict()
             report["dropped_arms"] = {n: [str(a) for a in e.dropped] for n, e in engines.items() if e.dropped}

@@ -18,6 +18,7 @@ from localspec.engine.errors import LocalspecError
 
 from .ask import add_ask
 from .models_cmd import add_models_commands
+from .head_cmd import add_head
 from .ngram_cmd import add_ngram
 from .paths import model_path, resolve_models
 
@@ -166,7 +167,7 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--configs", default="plain,maxgram,ngram,draft-linear,draft-tree,staged,adaptive",
                    help="comma-separated: plain,maxgram,ngram,draft-linear,draft-tree,staged,adaptive, "
-                        "adaptive-N (the adaptive budget with trees of at most N nodes)")
+                        "head, adaptive-head (with --head), adaptive-N (the adaptive budget with trees of at most N nodes)")
     p.add_argument("--ctx", type=int, default=4096)
     p.add_argument("--learn", action="append", default=[], metavar="PATH",
                    help="build the n-gram stage from these files or folders (their *.py, *.md, *.txt) "
@@ -178,6 +179,8 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--torch-draft", action="store_true",
                    help="run the draft in PyTorch (CUDA graphs on a GPU); a .gguf draft is dequantised "
                         "(needs the gguf package), a transformers folder always runs in PyTorch")
+    p.add_argument("--head", help="a draft head trained for the target (`localspec head train`): "
+                                  "the head and adaptive-head configurations")
     p.add_argument("--out", default="bench-out", help="folder for bench.json and bench.png")
     p.set_defaults(run=cmd_bench)
 
@@ -213,6 +216,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     try:
         report = bench.run_bench(model, draft, prompts, names, args.max_tokens, sampling, args.ctx,
                                  store=store, check=not args.no_exec, torch_draft=args.torch_draft,
+                                 head=Path(args.head).expanduser() if args.head else None,
                                  progress=lambda line: print(line, file=sys.stderr, flush=True))
     finally:
         store.close()
@@ -279,6 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_bench(sub)
     _add_calibrate(sub)
     add_ngram(sub)
+    add_head(sub)
     add_models_commands(sub)
     return parser
 

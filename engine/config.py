@@ -93,6 +93,10 @@ class DraftLimits:
         return max(3, self.width + self.chain + 1)
 
 
+# A draft head (drafters/head.py) steps in a fraction of a target call: wide trees, one step a layer.
+HEAD_LIMITS = DraftLimits(max_depth=6, branching=3, width=8, chain=0)
+
+
 @dataclass(frozen=True)
 class GenerationRequest:
     tokens: tuple[int, ...]

@@ -51,9 +51,10 @@ class LlamaModel:
 
     def __init__(self, path: str | Path, *, n_ctx: int = 4096, n_batch: int = 512,
                  n_seq_max: int = 64, n_gpu_layers: int = -1, n_threads: int | None = None,
-                 n_pad_seqs: int = 0) -> None:
+                 n_pad_seqs: int = 0, hidden: bool = False) -> None:
         """n_seq_max: sequence ids 0..n_seq_max-1 for the caller; n_pad_seqs more after them are
-        reserved for padding (decode's pad_to)."""
+        reserved for padding (decode's pad_to). hidden: every decode also hands back the final
+        hidden state of each row with logits (`hidden_row`), what a draft head drafts from."""
         self.info: GGUFInfo = read_gguf(path)
         self.path = self.info.path
         mparams = lc.llama_model_default_params()
@@ -90,6 +91,10 @@ class LlamaModel:
         self.n_pad_seqs = n_pad_seqs
         self._pad_used = 0               # padding sequences the last padded decode filled
         self._mem = lc.llama_get_memory(self._ctx)
+        self.n_embd = lc.llama_model_n_embd(self._model)
+        self.hidden = hidden
+        if hidden:
+            lc.llama_set_embeddings(self._ctx, True)
         all_seqs = n_seq_max + n_pad_seqs
         self._batch = lc.llama_batch_init(n_batch, 0, all_seqs)
         cap = n_batch
@@ -228,6 +233,15 @@ class LlamaModel:
             view = self._logits_views[key] = np.ctypeslib.as_array(
                 ptr, shape=(self._n_outputs, self.vocab_size))
         return view
+
+    def hidden_row(self, i: int) -> np.ndarray:
+        """[n_embd] float32: the final hidden state (after the output norm, the input of the
+        output matrix) of batch row i of the last decode, which must have had logits there; a
+        zero-copy view, valid until the next decode. Needs the model opened with hidden=True."""
+        ptr = lc.llama_get_embeddings_ith(self._ctx, i)
+        if not ptr:
+            raise RuntimeError(f"no hidden state for batch row {i} ({last_log()})")
+        return np.ctypeslib.as_array(ptr, shape=(self.n_embd,))
 
     def prefill(self, tokens: Sequence[int], start: int, seq: int = 0) -> None:
         """Decode tokens at positions start.. in sequence `seq`, in n_batch chunks; last row kept."""

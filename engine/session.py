@@ -13,7 +13,7 @@ from typing import Callable, Iterator, Sequence
 
 from .calibrate import Costs, calibrate, learnt_path, read_json, write_json
 from .chat import render_chat
-from .config import DraftLimits, GenerationRequest, SamplingParams, TreeBudget
+from .config import HEAD_LIMITS, DraftLimits, GenerationRequest, SamplingParams, TreeBudget
 from .decode import Engine, Generation, drain
 from .drafters.base import Drafter
 from .drafters.llama_draft import LlamaDraft
@@ -27,6 +27,7 @@ from .target import Target
 class EngineConfig:
     model: Path
     draft: Path | None = None
+    head: Path | None = None          # a draft head trained for this target (drafters/head.py)
     speculation: bool = True
     maxgram: bool = True
     personal: bool = False            # the personal n-gram drafter (store under the user data dir)
@@ -35,6 +36,7 @@ class EngineConfig:
     n_threads: int | None = None      # None: every core this process may use
     budget: TreeBudget = field(default_factory=TreeBudget)
     draft_limits: DraftLimits = field(default_factory=DraftLimits)
+    head_limits: DraftLimits = field(default_factory=lambda: HEAD_LIMITS)
     calibrate: bool = True            # adaptive budget: measure batch costs (cached) to prune tree sizes
     stable_shapes: bool | None = None  # keep batch shapes steady for CUDA graphs; None: when offloaded to a GPU
 
@@ -71,6 +73,24 @@ def with_torch_draft(costs: Costs, lm, path: Path | None) -> Costs:
     return replace(costs, draft=measure_forward(lm), file=file)
 
 
+def with_head(costs: Costs, head) -> Costs:
+    """`costs` with a draft head's step times, measured now, as the draft curve (learnt
+    estimates kept apart from the draft models')."""
+    file = costs.file.with_name(f"{costs.file.stem}-head-{head.path.stem[:24]}.json") if costs.file else None
+    return replace(costs, draft=head.measure(), file=file)
+
+
+def load_head(path: Path, model: LlamaModel):
+    """A DraftHead for `model` (opened with hidden=True), on the GPU where there is one."""
+    from .drafters.head import DraftHead   # torch is heavy: import only when used
+
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise LocalspecError("Draft head not found", str(path),
+                             "Pass the .npz file `localspec head train` wrote, or leave out --head")
+    return DraftHead(path, model.path, n_embd=model.n_embd, vocab_size=model.vocab_size)
+
+
 def _load_draft(path: Path, target: LlamaModel, cfg: EngineConfig) -> Drafter:
     path = path.expanduser()
     if path.is_dir():
@@ -95,13 +115,18 @@ class Session:
         self.cfg = cfg
         if cfg.speculation:
             draft_runs_in_torch(cfg.draft)
+            if cfg.head is not None:
+                from . import torch_lm  # noqa: F401  (torch before llama.cpp, as with a torch draft)
         n_seq = max(2, cfg.budget.max_nodes + 1) if cfg.speculation else 1
         self.model = LlamaModel(cfg.model, n_ctx=cfg.n_ctx, n_seq_max=n_seq,
                                 n_gpu_layers=cfg.n_gpu_layers, n_threads=cfg.n_threads,
                                 n_batch=max(512, cfg.budget.max_nodes + 2),
-                                n_pad_seqs=cfg.budget.max_nodes + 1 if cfg.speculation else 0)
+                                n_pad_seqs=cfg.budget.max_nodes + 1 if cfg.speculation else 0,
+                                hidden=cfg.speculation and cfg.head is not None)
+        target = Target(self.model)
         stages: list[Drafter] = []
         self.store = None
+        self.head = None
         try:
             if cfg.speculation:
                 if cfg.maxgram:
@@ -112,6 +137,10 @@ class Session:
                     from .drafters.ngram import PersonalNgram
                     self.store = NgramStore.open(vocab_key(self.model), label=self.model.path.name)
                     stages.append(PersonalNgram(self.store))
+                if cfg.head is not None:
+                    from .drafters.head import HeadDrafter
+                    self.head = load_head(cfg.head, self.model)
+                    stages.append(HeadDrafter(self.head, target, cfg.head_limits))
                 if cfg.draft is not None:
                     stages.append(_load_draft(cfg.draft, self.model, cfg))
             self.stages = stages
@@ -123,13 +152,15 @@ class Session:
                 torch_draft = next((d for d in stages if d.name == "torch-draft"), None)
                 if torch_draft is not None:
                     self.costs = with_torch_draft(self.costs, torch_draft.lm, cfg.draft)
+                elif self.head is not None:
+                    self.costs = with_head(self.costs, self.head)
                 self._learnt_path = learnt_path(self.costs)
             stable = cfg.stable_shapes if cfg.stable_shapes is not None else self.model.n_gpu_layers != 0
             if self.costs is not None and self.costs.cheap_switch:
                 for d in stages:   # a GGUF draft's batches need not keep one shape either
                     if isinstance(d, LlamaDraft):
                         d.pad = 0
-            self.engine = Engine(Target(self.model), stages, cfg.budget if cfg.speculation else TreeBudget(0),
+            self.engine = Engine(target, stages, cfg.budget if cfg.speculation else TreeBudget(0),
                                  self.costs, stable_shapes=stable)
             if self._learnt_path is not None:
                 self.engine.resume(read_json(self._learnt_path))

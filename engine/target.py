@@ -26,6 +26,7 @@ class Target:
         self._layout: TreeLayout | None = None
         self._alone = False                  # the last verify decoded its root alone, unpadded
         self._pos = np.zeros(model.n_batch, np.int32)
+        self._hidden_at = -1                 # batch row of the root's parent in the last decode
 
     @property
     def vocab_size(self) -> int:
@@ -44,6 +45,7 @@ class Target:
         self.model.clear()
         self.n_past = 0
         self._layout = None
+        self._hidden_at = -1
 
     def prefill(self, tokens: Sequence[int]) -> None:
         """Evaluate committed tokens (not the root) into sequence 0."""
@@ -55,6 +57,15 @@ class Target:
         if tokens:
             self.model.prefill(list(tokens), self.n_past)
             self.n_past += len(tokens)
+            self._hidden_at = (len(tokens) - 1) % self.model.n_batch   # the last chunk's last row
+
+    def last_hidden(self) -> np.ndarray | None:
+        """[n_embd] the target's final hidden state at the token before the root (whose logits
+        chose the root), from the last decode; None when there is none (a one-token prompt, or
+        the model was opened without hidden states). Valid until the next verify."""
+        if self._hidden_at < 0 or not self.model.hidden:
+            return None
+        return self.model.hidden_row(self._hidden_at)
 
     def verify(self, tree: DraftTree, pad_to: int = 0, top_up: bool = True) -> np.ndarray:
         """Decode every tree node in one batch; returns [tree.n, vocab] logits (zero-copy view).
@@ -88,11 +99,12 @@ class Target:
         layout = self._layout
         if layout is None:
             raise RuntimeError("commit() without a verify()")
+        last = path[-1] if path else 0
+        self._hidden_at = last          # tree node i is batch row i
         if self._alone:   # a root decoded alone in sequence 0, unpadded: nothing to roll back
             self.n_past += 1
             self._layout = None
             return
-        last = path[-1] if path else 0
         seq = layout.leaf_seq[tree.first_leaf_below(last)]
         end = self.n_past + int(tree.depth[last])                # position of the last kept node
         self.model.keep_path(seq, end)

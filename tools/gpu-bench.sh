@@ -3,6 +3,7 @@
 # run `localspec bench` on the reference pair once per argument, each "WORKLOAD:LIMIT[:TEMP[:CONFIGS]]"
 # (e.g. humaneval:40  humaneval:40:0.7  edit:40:0:plain,maxgram,adaptive), results under $OUT/NAME:
 # bench.json only (a run's files come back only up to a count), bench.png too with PNG=1.
+# HEAD=/path/head.npz adds --head (the head and adaptive-head configurations).
 set -euo pipefail
 source "$(dirname "$0")/gpu-env.sh"
 learn=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')
@@ -13,7 +14,7 @@ for spec in "$@"; do
   mkdir -p "$OUT/$name"
   python3 -m localspec.app.cli bench --model /tmp/mod/target.gguf --draft /tmp/mod/draft.gguf \
     --workload "$workload" --limit "$limit" --max-tokens 256 --temperature "$temp" \
-    --configs "$configs" --learn "$learn" --learn-max-tokens 1000000 --out "$OUT/$name" \
+    --configs "$configs" ${HEAD:+--head "$HEAD"} --learn "$learn" --learn-max-tokens 1000000 --out "$OUT/$name" \
     > "/tmp/bench-$name.log" 2>&1 || echo "bench $name failed"
   tail -n 12 "/tmp/bench-$name.log"
   [ "${PNG:-0}" = 1 ] || rm -f "$OUT/$name/bench.png"

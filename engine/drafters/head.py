@@ -1,0 +1,246 @@
+"""A draft head: a small network on the target's own hidden state, the cheapest neural drafter.
+
+The target hands back, next to its logits, the final hidden state h of every row it decodes
+(`Target.last_hidden`: the state whose logits chose the root). The head predicts the next state
+from a state and the token that follows it, and reads next-token logits through the target's own
+output matrix, restricted to the tokens it was trained to draft (EAGLE's idea, without attention):
+
+    u = W_in [rms(f); rms(e(x))]        f: the state before token x, e: the target's embedding
+    f' = g * rms(u + W2 silu(W1 u))     the predicted state after x (trained to match h there)
+    logits = O_sub f'                   O_sub: the target's output rows of the draft vocabulary
+
+The root is drafted from (h, root); a deeper node from its parent's predicted state and its own
+token, so a tree layer is one batched step: three d x d matmuls and one [V_sub, d] product, where
+the target runs its whole model. Trees grow through `grow` like the other neural drafters'.
+
+Weights are a .npz written by `localspec.models.head_train`: w_in [d, 2d], w1 [d, d], w2 [d, d],
+norm [d], vocab [V_sub] (target token ids, ascending) and meta (JSON: format, n_embd, the target's
+vocabulary size and file name). The frozen tables (embedding, output rows, output norm) come from
+the target's GGUF at load.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..config import DraftLimits, SamplingParams
+from ..distribution import Dist
+from ..errors import LocalspecError
+from ..tree import DraftTree
+from .grow import GrowLimits, grow
+from .torch_draft import greedy_rows, process_rows
+
+FORMAT = "localspec-head-1"
+_EPS = 1e-6
+
+
+def rms(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + _EPS).to(x.dtype)
+
+
+class HeadNet(torch.nn.Module):
+    """The trainable part: (state, token embedding) -> the next state."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.w_in = torch.nn.Linear(2 * d, d, bias=False)
+        self.w1 = torch.nn.Linear(d, d, bias=False)
+        self.w2 = torch.nn.Linear(d, d, bias=False)
+        self.norm = torch.nn.Parameter(torch.ones(d))
+        torch.nn.init.normal_(self.w2.weight, std=0.02 / d ** 0.5)
+
+    def forward(self, f: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+        u = self.w_in(torch.cat([rms(f), rms(e)], dim=-1))
+        return rms(u + self.w2(F.silu(self.w1(u)))) * self.norm
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {k: v.detach().float().cpu().numpy().astype(np.float16)
+                for k, v in (("w_in", self.w_in.weight), ("w1", self.w1.weight),
+                             ("w2", self.w2.weight), ("norm", self.norm))}
+
+
+def save_head(path: Path, net: HeadNet, vocab: np.ndarray, meta: dict) -> None:
+    """Write the head atomically (a temporary file renamed over `path`)."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        np.savez(f, **net.arrays(), vocab=np.asarray(vocab, np.int32),
+                 meta=np.array(json.dumps({"format": FORMAT, **meta})))
+    tmp.replace(path)
+
+
+def _bad_head(path: Path, why: str) -> LocalspecError:
+    return LocalspecError("Not a usable draft head", f"'{path}': {why}",
+                          "Train one for this target with `localspec head train` "
+                          "(or pass the head file made for this target)")
+
+
+def _rows(t, ids: np.ndarray | None) -> np.ndarray:
+    from gguf.quants import dequantize
+
+    if ids is not None:
+        return dequantize(t.data[ids], t.tensor_type).astype(np.float32, copy=False)
+    return np.concatenate([dequantize(t.data[a:a + 8192], t.tensor_type).astype(np.float32, copy=False)
+                           for a in range(0, int(t.data.shape[0]), 8192)])
+
+
+def target_tables(gguf_path: Path, vocab: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """From the target's GGUF: the token embedding [V, d], its output rows for `vocab` (None:
+    all) [len(vocab), d] and the output norm [d], float32, dequantised in blocks."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(gguf_path))
+    tensors = {t.name: t for t in reader.tensors}
+    emb_t = tensors["token_embd.weight"]
+    out_t = tensors.get("output.weight", emb_t)   # tied embeddings: the embedding is the output
+    rows = int(emb_t.data.shape[0])
+    emb = _rows(emb_t, None).reshape(rows, -1)
+    if out_t is emb_t and vocab is None:
+        out = emb
+    else:
+        out = _rows(out_t, None if vocab is None else np.asarray(vocab, np.int64))
+    norm = _rows(tensors["output_norm.weight"], None)
+    return emb, out.reshape(out.shape[0] if vocab is None else len(vocab), -1), norm.reshape(-1)
+
+
+class DraftHead:
+    """A trained head with the target's frozen tables, on one device, ready to step."""
+
+    def __init__(self, path: str | Path, target_gguf: str | Path, *, n_embd: int, vocab_size: int,
+                 device: str | None = None) -> None:
+        path = Path(path).expanduser()
+        try:
+            z = np.load(path, allow_pickle=False)
+            meta = json.loads(str(z["meta"]))
+            arrays = {k: z[k] for k in ("w_in", "w1", "w2", "norm", "vocab")}
+        except (OSError, ValueError, KeyError) as err:
+            raise _bad_head(path, f"cannot read it ({err})") from err
+        if meta.get("format") != FORMAT:
+            raise _bad_head(path, f"format {meta.get('format')!r}, expected {FORMAT!r}")
+        if meta.get("n_embd") != n_embd or meta.get("vocab_size") != vocab_size:
+            raise _bad_head(path, f"made for a target with hidden size {meta.get('n_embd')} and "
+                                  f"{meta.get('vocab_size')} tokens ({meta.get('target')}); this "
+                                  f"target has {n_embd} and {vocab_size}")
+        self.path, self.meta = path, meta
+        dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.device = dev
+        self.dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+        self.vocab = arrays["vocab"].astype(np.int64)                          # [V_sub]
+        emb, out, _ = target_tables(Path(target_gguf), self.vocab)
+        self.net = HeadNet(n_embd)
+        with torch.no_grad():
+            for name in ("w_in", "w1", "w2"):
+                getattr(self.net, name).weight.copy_(torch.from_numpy(arrays[name].astype(np.float32)))
+            self.net.norm.copy_(torch.from_numpy(arrays["norm"].astype(np.float32)))
+        self.net.to(dev, self.dtype).eval()
+        # the embedding is looked up a few rows a step: half precision on a CPU halves its memory
+        self.emb = torch.from_numpy(emb).to(dev, torch.bfloat16)               # [V, d]
+        self.out = torch.from_numpy(out).to(dev, self.dtype)                   # [V_sub, d]
+        self.vocab_t = torch.from_numpy(self.vocab).to(dev)                    # [V_sub]
+        self.vocab_size = vocab_size
+
+    @torch.inference_mode()
+    def step(self, f: torch.Tensor, tokens: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """f [n, d] states before `tokens` [n]: (states after them [n, d], logits [n, V_sub] f32)."""
+        ids = torch.as_tensor(np.asarray(tokens, np.int64)).to(self.device, non_blocking=True)
+        e = self.emb[ids].to(self.dtype)
+        nxt = self.net(f, e)
+        return nxt, (nxt @ self.out.T).float()
+
+    def measure(self, sizes: Sequence[int] = (1, 2, 4, 8), reps: int = 5) -> dict[int, float]:
+        """Seconds per step of n rows (the adaptive budget's draft curve), fastest of `reps`."""
+        sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
+        best = {n: float("inf") for n in sizes}
+        for rep in range(reps + 1):
+            for n in sizes:
+                f = torch.ones(n, self.out.shape[1], device=self.device, dtype=self.dtype)
+                sync()
+                t = time.perf_counter()
+                _, logits = self.step(f, [1000 + i for i in range(n)])
+                greedy_rows(logits, 2)
+                sync()
+                if rep:
+                    best[n] = min(best[n], time.perf_counter() - t)
+        return best
+
+
+class HeadDrafter:
+    """A `Drafter` (and `grow`'s `TreeEvaluator`) on a `DraftHead` and the target's hidden state.
+
+    `source` is the Target: its `last_hidden()` is read when a round starts, before the target
+    decodes again. Without one (a one-token prompt) the head sits the round out."""
+
+    name = "head"
+    uses_model = True
+
+    def __init__(self, head: DraftHead, source, limits: DraftLimits = DraftLimits()) -> None:
+        self.head, self.source, self.limits = head, source, limits
+        self.vocab_size = head.vocab_size
+        self._state: dict[int, torch.Tensor] = {}   # tree node -> its predicted state, this round
+        self._sampling = SamplingParams()
+        self._hidden: np.ndarray | None = None
+
+    def begin(self, context: Sequence[int]) -> None:
+        self._state.clear()
+
+    def accept(self, tokens: Sequence[int]) -> None:
+        pass   # the state comes from the target each round
+
+    def close(self) -> None:
+        pass
+
+    def propose(self, tree: DraftTree, stage: int, budget: int, sampling: SamplingParams,
+                rng: np.random.Generator) -> None:
+        self._hidden = self.source.last_hidden()
+        if self._hidden is None or budget <= 0:
+            return
+        self._sampling = sampling
+        limits = GrowLimits(budget, self.limits.max_depth, self.limits.branching, self.limits.width,
+                            self.limits.chain)
+        try:
+            grow(tree, stage, limits, sampling, rng, self)
+        finally:
+            self.rollback()
+
+    # -- TreeEvaluator ---------------------------------------------------------------------------
+
+    def evaluate_root(self, tree: DraftTree) -> Dist:
+        h = torch.from_numpy(self._hidden).to(self.head.device, self.head.dtype)[None]   # [1, d]
+        state, logits = self.head.step(h, [int(tree.tokens[0])])
+        self._state[0] = state[0]
+        return self._dists(logits)[0]
+
+    def evaluate(self, tree: DraftTree, nodes: Sequence[int]) -> list[Dist]:
+        """Nodes whose parents have a state step together; a node checked along below another
+        of the same call (a cheaper stage's chain) waits for its parent's step."""
+        out: dict[int, Dist] = {}
+        pending = list(nodes)
+        while pending:
+            ready = [n for n in pending if int(tree.parent[n]) in self._state]
+            if not ready:
+                raise ValueError("evaluate() got nodes whose parents were never evaluated")
+            parents = torch.stack([self._state[int(tree.parent[n])] for n in ready])   # [r, d]
+            states, logits = self.head.step(parents, [int(tree.tokens[n]) for n in ready])
+            for i, (n, dist) in enumerate(zip(ready, self._dists(logits))):
+                self._state[n] = states[i]
+                out[n] = dist
+            pending = [n for n in pending if n not in out]
+        return [out[n] for n in nodes]
+
+    def rollback(self) -> None:
+        self._state.clear()
+
+    def _dists(self, logits: torch.Tensor) -> list[Dist]:
+        """Distributions over the draft vocabulary, in target token ids (zero mass elsewhere)."""
+        if self._sampling.greedy:
+            dists = greedy_rows(logits, self.limits.branching)
+        else:
+            dists = process_rows(logits, self._sampling)
+        vocab = self.head.vocab
+        return [Dist(vocab[d.ids], d.probs) for d in dists]

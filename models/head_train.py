@@ -1,0 +1,175 @@
+"""Train a draft head (engine/drafters/head.py) for a GGUF target, from text on this machine.
+
+1. `collect`: the target reads the text in chunks (llama.cpp, on the GPU where there is one) and
+   hands back, per token, its final hidden state. The labels are the target's own next-token
+   choices (greedy, its output matrix applied to those states on the training device): the head
+   learns to predict what the target would say, not what the text says.
+2. `train`: the head is unrolled `steps` tokens from each sampled position, as it runs when it
+   drafts (from the target's state at the first, then from its own predictions), with a loss on
+   the target's choice at every step plus a small one pulling each predicted state to the
+   target's. The draft vocabulary is the `vocab_size` tokens the target chose most often.
+
+Nothing leaves the machine: the text is the user's (files they name); the head is written next
+to the models. Training wants a GPU; on a CPU it runs, slowly, at a small scale (the tests).
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+
+
+@dataclass
+class Corpus:
+    tokens: np.ndarray     # [N] int32, the text's tokens
+    hidden: np.ndarray     # [N, d] float16, the target's final hidden state after each token
+    chunk: np.ndarray      # [N] int32, which chunk each token came from (states never cross)
+
+
+def text_files(roots: Iterable[str | Path], suffixes: Sequence[str] = (".py", ".md", ".txt", ".rst")
+               ) -> list[Path]:
+    out: list[Path] = []
+    for root in roots:
+        root = Path(root).expanduser()
+        if root.is_file():
+            out.append(root)
+        elif root.is_dir():
+            out += sorted(p for p in root.rglob("*") if p.suffix in suffixes and p.is_file())
+    return out
+
+
+def collect(model, texts: Iterable[str], max_tokens: int, chunk: int = 512,
+            progress: Callable[[str], None] = lambda s: None) -> Corpus:
+    """Run the target (a LlamaModel opened with hidden=True) over `texts`, `chunk` tokens at a
+    time from an empty cache, until `max_tokens`."""
+    if not model.hidden:
+        raise ValueError("collect() needs the target opened with hidden=True")
+    d = model.n_embd
+    tokens = np.zeros(max_tokens, np.int32)
+    hidden = np.zeros((max_tokens, d), np.float16)
+    chunk_of = np.zeros(max_tokens, np.int32)
+    n = c = 0
+    chunk = min(chunk, model.n_batch, model.n_ctx)
+    t0 = time.time()
+    for text in texts:
+        ids = model.tokenize(text, special=False, add_bos=False)
+        for a in range(0, len(ids) - 8, chunk):
+            part = ids[a:a + chunk]
+            m = min(len(part), max_tokens - n)
+            if m < 8:
+                break
+            part = part[:m]
+            model.clear()
+            model.decode(part, np.arange(m, dtype=np.int32), logits=True)
+            for i in range(m):
+                hidden[n + i] = model.hidden_row(i)
+            tokens[n:n + m] = part
+            chunk_of[n:n + m] = c
+            n += m
+            c += 1
+            if c % 50 == 0:
+                progress(f"collected {n} tokens ({n / (time.time() - t0):.0f}/s)")
+        if n >= max_tokens - 8:
+            break
+    model.clear()
+    return Corpus(tokens[:n], hidden[:n], chunk_of[:n])
+
+
+def train(corpus: Corpus, target_gguf: Path, out: Path, *, vocab_size: int = 32768,
+          steps: int = 3000, batch: int = 1024, unroll: int = 4, lr: float = 1e-3,
+          feature_weight: float = 0.1, device: str | None = None, seed: int = 0,
+          progress: Callable[[str], None] = lambda s: None, meta: dict | None = None) -> dict:
+    """Train a head on `corpus` and write it to `out`; what training measured (accuracy of the
+    first step's greedy guess on held-out positions, per unrolled step)."""
+    import torch
+    import torch.nn.functional as F
+
+    from localspec.engine.drafters.head import HeadNet, save_head, target_tables
+
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    gen = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    n, d = corpus.hidden.shape
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    emb, out_all, norm = target_tables(target_gguf, None)
+    full_vocab = emb.shape[0]
+    H = torch.from_numpy(corpus.hidden).to(dev)                              # [N, d] f16
+    with torch.no_grad():   # the target's choice after each token: its output matrix on its state
+        O_all = torch.from_numpy(out_all).to(dev, dtype)
+        label = torch.cat([(H[a:a + 4096].to(dtype) @ O_all.T).argmax(-1)
+                           for a in range(0, n, 4096)]).cpu().numpy()
+        del O_all
+    # the draft vocabulary: the target's most frequent choices (ascending ids)
+    counts = np.bincount(label, minlength=full_vocab)
+    k = min(vocab_size, int((counts > 0).sum()))
+    vocab = np.sort(np.argsort(-counts, kind="stable")[:k]).astype(np.int64)
+    out_rows = out_all[vocab]
+    del out_all
+    sub = np.full(full_vocab, -100, np.int64)                  # target id -> draft index (or ignore)
+    sub[vocab] = np.arange(k)
+    # starts s: state h[s-1], then tokens s..s+unroll-1, all inside one chunk
+    ok = np.zeros(n, bool)
+    if n > unroll:
+        ok[1:n - unroll + 1] = corpus.chunk[:n - unroll] == corpus.chunk[unroll:]
+    starts = np.flatnonzero(ok)
+    if starts.size < 16:
+        raise ValueError(f"too little text to train on: {n} tokens")
+    perm = torch.randperm(starts.size, generator=gen).numpy()
+    held = starts[perm[:max(8, starts.size // 50)]]
+    starts = starts[perm[held.size:]]
+
+    X = torch.from_numpy(corpus.tokens.astype(np.int64)).to(dev)             # [N]
+    Y = torch.from_numpy(sub[label]).to(dev)                          # [N] draft index
+    E = torch.from_numpy(emb).to(dev, dtype)                                 # [V, d]
+    O = torch.from_numpy(out_rows).to(dev, dtype)                            # [V_sub, d]
+    net = HeadNet(d).to(dev)
+    with torch.no_grad():
+        net.norm.copy_(torch.from_numpy(norm))
+    opt = torch.optim.AdamW(net.parameters(), lr=lr, weight_decay=0.0, betas=(0.9, 0.95))
+    warm = max(1, steps // 20)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda i: min(1.0, (i + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(1.0, i / steps))))
+    starts_t = torch.from_numpy(starts).to(dev)
+    offs = torch.arange(unroll, device=dev)
+
+    def unrolled(s: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        f = H[s - 1].to(dtype)
+        states, logits = [], []
+        for j in range(unroll):
+            with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
+                f = net(f, E[X[s + j]])
+                states.append(f)
+                logits.append((f.to(dtype) @ O.T).float())
+        return states, logits
+
+    t0 = time.time()
+    for step in range(steps):
+        s = starts_t[torch.randint(0, starts_t.numel(), (batch,), device=dev)]
+        states, logits = unrolled(s)
+        loss = 0.0
+        for j in range(unroll):
+            y = Y[s + j]
+            loss = loss + F.cross_entropy(logits[j], y, ignore_index=-100)
+            loss = loss + feature_weight * F.smooth_l1_loss(states[j].float(), H[s + j].float())
+        opt.zero_grad(set_to_none=True)
+        (loss / unroll).backward()
+        torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        if step % 200 == 0 or step == steps - 1:
+            progress(f"step {step}/{steps} loss {float(loss) / unroll:.3f} ({time.time() - t0:.0f} s)")
+    net.eval()
+    with torch.no_grad():
+        s = torch.from_numpy(held).to(dev)
+        _, logits = unrolled(s)
+        acc = []
+        for j in range(unroll):   # the target's choice is the head's top guess
+            acc.append(round(float((logits[j].argmax(-1) == Y[s + j]).float().mean()), 4))
+    info = {"n_embd": d, "vocab_size": full_vocab, "draft_vocab": k, "tokens": int(n),
+            "steps": steps, "unroll": unroll, "held_out_top1": acc, **(meta or {})}
+    save_head(Path(out), net.float(), vocab, info)
+    return info
