@@ -105,6 +105,7 @@ class LlamaModel:
         self._seq = [np.ctypeslib.as_array(self._batch.seq_id[i], shape=(all_seqs,)) for i in range(cap)]
         self._ramp = np.arange(max(cap, all_seqs), dtype=np.int32)              # padding positions, ids
         self._n_outputs = 0
+        self._pick: slice | np.ndarray | None = None   # the rows asked for, where llama.cpp output all
         self._logits_views: dict[tuple[int, int], np.ndarray] = {}   # (address, rows) -> view
         self._piece = ctypes.create_string_buffer(256)
 
@@ -210,6 +211,10 @@ class LlamaModel:
         else:
             self._out[:n] = logits
             outputs = int(self._out[:n].sum())
+        self._pick: slice | np.ndarray | None = None
+        if self.hidden and outputs != total:   # with hidden states llama.cpp outputs every row
+            self._pick = slice(n - 1, n) if logits is False else np.flatnonzero(self._out[:n])
+            outputs = total
         self._batch.n_tokens = total
         rc = lc.llama_decode(self._ctx, self._batch)
         if rc != 0:
@@ -219,7 +224,8 @@ class LlamaModel:
         self._n_outputs = outputs
 
     def logits(self) -> np.ndarray:
-        """[n_outputs, vocab] float32: a zero-copy view, valid until the next decode.
+        """[n_outputs, vocab] float32: a zero-copy view, valid until the next decode (with hidden
+        states llama.cpp outputs every row; the rows asked for are picked, a copy for a mask).
 
         llama_get_logits is called every time (it waits for the decode to finish); the numpy view
         of its buffer is kept while the buffer stays where it is (building one costs ~50 µs,
@@ -232,7 +238,7 @@ class LlamaModel:
                 self._logits_views.clear()   # the buffer moved (grew): old views are stale
             view = self._logits_views[key] = np.ctypeslib.as_array(
                 ptr, shape=(self._n_outputs, self.vocab_size))
-        return view
+        return view if self._pick is None else view[self._pick]
 
     def hidden_row(self, i: int) -> np.ndarray:
         """[n_embd] float32: the final hidden state (after the output norm, the input of the
@@ -244,7 +250,18 @@ class LlamaModel:
         return np.ctypeslib.as_array(ptr, shape=(self.n_embd,))
 
     def prefill(self, tokens: Sequence[int], start: int, seq: int = 0) -> None:
-        """Decode tokens at positions start.. in sequence `seq`, in n_batch chunks; last row kept."""
+        """Decode tokens at positions start.. in sequence `seq`, in n_batch chunks; last row kept.
+        With hidden states, all but the last token go without them: llama.cpp would otherwise
+        output (and copy out) every row's logits, the whole prompt's."""
+        if self.hidden and len(tokens) > 1:
+            lc.llama_set_embeddings(self._ctx, False)
+            self.hidden = False
+            try:
+                self.prefill(tokens[:-1], start, seq)
+            finally:
+                lc.llama_set_embeddings(self._ctx, True)
+                self.hidden = True
+            start, tokens = start + len(tokens) - 1, tokens[-1:]
         for lo in range(0, len(tokens), self.n_batch):
             chunk = tokens[lo:lo + self.n_batch]
             pos = np.arange(start + lo, start + lo + len(chunk), dtype=np.int32)

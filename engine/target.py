@@ -57,7 +57,8 @@ class Target:
         if tokens:
             self.model.prefill(list(tokens), self.n_past)
             self.n_past += len(tokens)
-            self._hidden_at = (len(tokens) - 1) % self.model.n_batch   # the last chunk's last row
+            # the row of the last chunk's last token (with hidden states, a chunk of its own)
+            self._hidden_at = 0 if self.model.hidden else (len(tokens) - 1) % self.model.n_batch
 
     def last_hidden(self) -> np.ndarray | None:
         """[n_embd] the target's final hidden state at the token before the root (whose logits

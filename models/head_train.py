@@ -161,7 +161,7 @@ def train(corpus: Corpus, target_gguf: Path, out: Path, *, vocab_size: int = 327
         opt.step()
         sched.step()
         if step % 200 == 0 or step == steps - 1:
-            progress(f"step {step}/{steps} loss {float(loss) / unroll:.3f} ({time.time() - t0:.0f} s)")
+            progress(f"step {step}/{steps} loss {float(loss.detach()) / unroll:.3f} ({time.time() - t0:.0f} s)")
     net.eval()
     with torch.no_grad():
         s = torch.from_numpy(held).to(dev)

@@ -13,7 +13,7 @@ The root is drafted from (h, root); a deeper node from its parent's predicted st
 token, so a tree layer is one batched step: three d x d matmuls and one [V_sub, d] product, where
 the target runs its whole model. Trees grow through `grow` like the other neural drafters'.
 
-Weights are a .npz written by `localspec.models.head_train`: w_in [d, 2d], w1 [d, d], w2 [d, d],
+Weights are a .npz written by `localspec.models.head_train`: w_in [d, 2d], w1 [ff, d], w2 [d, ff],
 norm [d], vocab [V_sub] (target token ids, ascending) and meta (JSON: format, n_embd, the target's
 vocabulary size and file name). The frozen tables (embedding, output rows, output norm) come from
 the target's GGUF at load.
@@ -37,6 +37,7 @@ from .grow import GrowLimits, grow
 from .torch_draft import greedy_rows, process_rows
 
 FORMAT = "localspec-head-1"
+_BUCKETS = (1, 2, 4, 8, 16, 32)   # rows a GPU step is padded to (one CUDA graph each)
 _EPS = 1e-6
 
 
@@ -47,11 +48,12 @@ def rms(x: torch.Tensor) -> torch.Tensor:
 class HeadNet(torch.nn.Module):
     """The trainable part: (state, token embedding) -> the next state."""
 
-    def __init__(self, d: int) -> None:
+    def __init__(self, d: int, ff: int | None = None) -> None:
         super().__init__()
+        ff = ff or 2 * d
         self.w_in = torch.nn.Linear(2 * d, d, bias=False)
-        self.w1 = torch.nn.Linear(d, d, bias=False)
-        self.w2 = torch.nn.Linear(d, d, bias=False)
+        self.w1 = torch.nn.Linear(d, ff, bias=False)
+        self.w2 = torch.nn.Linear(ff, d, bias=False)
         self.norm = torch.nn.Parameter(torch.ones(d))
         torch.nn.init.normal_(self.w2.weight, std=0.02 / d ** 0.5)
 
@@ -133,7 +135,7 @@ class DraftHead:
         self.dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
         self.vocab = arrays["vocab"].astype(np.int64)                          # [V_sub]
         emb, out, _ = target_tables(Path(target_gguf), self.vocab)
-        self.net = HeadNet(n_embd)
+        self.net = HeadNet(n_embd, arrays["w1"].shape[0])
         with torch.no_grad():
             for name in ("w_in", "w1", "w2"):
                 getattr(self.net, name).weight.copy_(torch.from_numpy(arrays[name].astype(np.float32)))
@@ -142,16 +144,47 @@ class DraftHead:
         # the embedding is looked up a few rows a step: half precision on a CPU halves its memory
         self.emb = torch.from_numpy(emb).to(dev, torch.bfloat16)               # [V, d]
         self.out = torch.from_numpy(out).to(dev, self.dtype)                   # [V_sub, d]
-        self.vocab_t = torch.from_numpy(self.vocab).to(dev)                    # [V_sub]
         self.vocab_size = vocab_size
+        # On a GPU a step is ~20 small kernels: replayed as one CUDA graph per row bucket
+        self._graphs: dict[int, tuple] = {}
+        self.graphs = dev.type == "cuda"
+
+    @torch.inference_mode()
+    def _run(self, f: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        nxt = self.net(f, self.emb[ids].to(self.dtype))
+        return nxt, (nxt @ self.out.T).float()
 
     @torch.inference_mode()
     def step(self, f: torch.Tensor, tokens: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """f [n, d] states before `tokens` [n]: (states after them [n, d], logits [n, V_sub] f32)."""
-        ids = torch.as_tensor(np.asarray(tokens, np.int64)).to(self.device, non_blocking=True)
-        e = self.emb[ids].to(self.dtype)
-        nxt = self.net(f, e)
-        return nxt, (nxt @ self.out.T).float()
+        """f [n, d] states before `tokens` [n]: (states after them [n, d], logits [n, V_sub] f32).
+        On a GPU both are views of a graph's buffers, valid until the next step of that size."""
+        n = len(tokens)
+        ids = torch.as_tensor(np.asarray(tokens, np.int64))
+        if not self.graphs or n > _BUCKETS[-1]:
+            return self._run(f, ids.to(self.device))
+        rows = next(b for b in _BUCKETS if b >= n)
+        g = self._graphs.get(rows) or self._capture(rows)
+        graph, f_in, ids_in, state, logits = g
+        f_in[:n].copy_(f)
+        ids_in[:n].copy_(ids, non_blocking=True)
+        graph.replay()
+        return state[:n], logits[:n]
+
+    def _capture(self, rows: int) -> tuple:
+        d = self.out.shape[1]
+        f_in = torch.zeros(rows, d, device=self.device, dtype=self.dtype)
+        ids_in = torch.zeros(rows, dtype=torch.int64, device=self.device)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                self._run(f_in, ids_in)          # warm-up outside the graph (allocations, kernels)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            state, logits = self._run(f_in, ids_in)
+        self._graphs[rows] = (graph, f_in, ids_in, state, logits)
+        return self._graphs[rows]
 
     def measure(self, sizes: Sequence[int] = (1, 2, 4, 8), reps: int = 5) -> dict[int, float]:
         """Seconds per step of n rows (the adaptive budget's draft curve), fastest of `reps`."""
@@ -213,7 +246,7 @@ class HeadDrafter:
     def evaluate_root(self, tree: DraftTree) -> Dist:
         h = torch.from_numpy(self._hidden).to(self.head.device, self.head.dtype)[None]   # [1, d]
         state, logits = self.head.step(h, [int(tree.tokens[0])])
-        self._state[0] = state[0]
+        self._state[0] = state[0].clone()   # a graph's buffer on a GPU: the next step reuses it
         return self._dists(logits)[0]
 
     def evaluate(self, tree: DraftTree, nodes: Sequence[int]) -> list[Dist]:
@@ -227,6 +260,7 @@ class HeadDrafter:
                 raise ValueError("evaluate() got nodes whose parents were never evaluated")
             parents = torch.stack([self._state[int(tree.parent[n])] for n in ready])   # [r, d]
             states, logits = self.head.step(parents, [int(tree.tokens[n]) for n in ready])
+            states = states.clone()
             for i, (n, dist) in enumerate(zip(ready, self._dists(logits))):
                 self._state[n] = states[i]
                 out[n] = dist
