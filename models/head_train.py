@@ -99,10 +99,10 @@ def train(corpus: Corpus, target_gguf: Path, out: Path, *, vocab_size: int = 327
     full_vocab = emb.shape[0]
     H = torch.from_numpy(corpus.hidden).to(dev)                              # [N, d] f16
     with torch.no_grad():   # the target's choice after each token: its output matrix on its state
-        O_all = torch.from_numpy(out_all).to(dev, dtype)
-        label = torch.cat([(H[a:a + 4096].to(dtype) @ O_all.T).argmax(-1)
+        out_all_t = torch.from_numpy(out_all).to(dev, dtype)
+        label = torch.cat([(H[a:a + 4096].to(dtype) @ out_all_t.T).argmax(-1)
                            for a in range(0, n, 4096)]).cpu().numpy()
-        del O_all
+        del out_all_t
     # the draft vocabulary: the target's most frequent choices (ascending ids)
     counts = np.bincount(label, minlength=full_vocab)
     k = min(vocab_size, int((counts > 0).sum()))
@@ -125,7 +125,7 @@ def train(corpus: Corpus, target_gguf: Path, out: Path, *, vocab_size: int = 327
     X = torch.from_numpy(corpus.tokens.astype(np.int64)).to(dev)             # [N]
     Y = torch.from_numpy(sub[label]).to(dev)                          # [N] draft index
     E = torch.from_numpy(emb).to(dev, dtype)                                 # [V, d]
-    O = torch.from_numpy(out_rows).to(dev, dtype)                            # [V_sub, d]
+    out_w = torch.from_numpy(out_rows).to(dev, dtype)                        # [V_sub, d]
     net = HeadNet(d).to(dev)
     with torch.no_grad():
         net.norm.copy_(torch.from_numpy(norm))
@@ -134,7 +134,6 @@ def train(corpus: Corpus, target_gguf: Path, out: Path, *, vocab_size: int = 327
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda i: min(1.0, (i + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(1.0, i / steps))))
     starts_t = torch.from_numpy(starts).to(dev)
-    offs = torch.arange(unroll, device=dev)
 
     def unrolled(s: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         f = H[s - 1].to(dtype)
@@ -143,7 +142,7 @@ def train(corpus: Corpus, target_gguf: Path, out: Path, *, vocab_size: int = 327
             with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
                 f = net(f, E[X[s + j]])
                 states.append(f)
-                logits.append((f.to(dtype) @ O.T).float())
+                logits.append((f.to(dtype) @ out_w.T).float())
         return states, logits
 
     t0 = time.time()
