@@ -44,11 +44,13 @@ def cmd_head(args: argparse.Namespace) -> int:
 
 
 def _info(path: Path) -> int:
+    import zipfile
+
     import numpy as np
 
     try:
         meta = json.loads(str(np.load(path, allow_pickle=False)["meta"]))
-    except (OSError, ValueError, KeyError) as err:
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError) as err:
         raise LocalspecError("Not a draft head", f"'{path}': {err}",
                              "Pass a .npz written by `localspec head train`") from err
     for key, value in meta.items():

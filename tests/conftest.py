@@ -34,3 +34,20 @@ def real_pair() -> tuple[Path, Path]:
     if not (target.exists() and draft.exists()):
         pytest.skip(f"reference pair not in {root}: run tools/fetch-bench-models {root}")
     return target, draft
+
+
+@pytest.fixture(scope="session")
+def tiny_head(tiny, tmp_path_factory) -> Path:
+    """A draft head for the tiny target, trained on its own corpus (a few seconds on a CPU)."""
+    from localspec.engine.llama_model import LlamaModel
+    from localspec.models.head_train import collect, train
+    from tiny_models import build_corpus
+
+    model = LlamaModel(tiny.target_gguf, n_ctx=256, n_batch=256, n_seq_max=1, hidden=True, n_threads=1)
+    try:
+        corpus = collect(model, build_corpus(n_docs=300), 20_000, chunk=256)
+    finally:
+        model.close()
+    out = tmp_path_factory.mktemp("head") / "tiny-head.npz"
+    train(corpus, tiny.target_gguf, out, steps=200, batch=256, vocab_size=400, device="cpu")
+    return out

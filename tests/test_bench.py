@@ -40,9 +40,9 @@ def tiny_store(tiny, tmp_path):
     store.close()
 
 
-def test_all_configurations_side_by_side_with_identity_computed(tiny, tiny_prompts, tiny_store):
+def test_all_configurations_side_by_side_with_identity_computed(tiny, tiny_prompts, tiny_store, tiny_head):
     report = bench.run_bench(tiny.target_gguf, tiny.draft_gguf, tiny_prompts, list(bench.CONFIGS),
-                             24, SamplingParams(), 512, store=tiny_store)
+                             24, SamplingParams(), 512, store=tiny_store, head=tiny_head)
     rows = {r["config"]: r for r in report["rows"]}
     assert list(rows) == list(bench.CONFIGS)
     n = len(tiny_prompts)
@@ -53,6 +53,8 @@ def test_all_configurations_side_by_side_with_identity_computed(tiny, tiny_promp
         assert "pass_at_1" not in row                          # these prompts carry no problem
     assert rows["plain"]["speedup"] == 1.0 and rows["plain"]["stages"] == {}
     assert set(rows["staged"]["stages"]) == {"maxgram", "personal-ngram", "gguf-draft"}
+    assert set(rows["head"]["stages"]) == {"head"} and sum(rows["head"]["stages"]["head"]["accepted_by_depth"]) > 0
+    assert report["head"]["file"] == tiny_head.name and report["head"]["step_ms"]
     ngram = rows["ngram"]["stages"]["personal-ngram"]
     assert sum(ngram["proposed_by_depth"]) > 0 and sum(ngram["accepted_by_depth"]) > 0
     assert len(ngram["accepted_by_depth"]) == len(ngram["proposed_by_depth"])

@@ -35,6 +35,10 @@ CONFIGS = {
     "torch-tree": ("torch", False, TreeBudget(max_nodes=12), DraftLimits(max_depth=4, branching=3, width=4)),
     "torch-staged": ("torch", True, TreeBudget(max_nodes=16), DraftLimits(max_depth=6, branching=2, width=4)),
     "adaptive": ("gguf", True, TreeBudget(max_nodes=16, adaptive=True), DraftLimits(max_depth=6, branching=2, width=4)),
+    # the draft head (drafters/head.py) on the target's hidden states: alone, staged, adaptive
+    "head-tree": ("head", False, TreeBudget(max_nodes=12), DraftLimits(max_depth=5, branching=2, width=4)),
+    "head-staged": ("head", True, TreeBudget(max_nodes=16), DraftLimits(max_depth=6, branching=3, width=8, chain=4)),
+    "head-adaptive": ("head", True, TreeBudget(max_nodes=16, adaptive=True), DraftLimits(max_depth=6, branching=3, width=8)),
 }
 MAX_TOKENS = 48
 
@@ -57,7 +61,7 @@ def plain(tiny):
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
-def test_speculative_greedy_equals_plain(tiny, plain, name, tmp_path, monkeypatch):
+def test_speculative_greedy_equals_plain(tiny, plain, name, tmp_path, monkeypatch, request):
     # a fresh data dir: no other test's learnt budget estimates (which may favour plain rounds)
     monkeypatch.setenv("LOCALSPEC_DATA_DIR", str(tmp_path))
     draft_kind, maxgram, budget, limits = CONFIGS[name]
@@ -67,9 +71,10 @@ def test_speculative_greedy_equals_plain(tiny, plain, name, tmp_path, monkeypatc
         flat = Costs({1: 1e-3, 2: 1.05e-3, 4: 1.1e-3, 8: 1.2e-3, 16: 1.4e-3, 32: 1.8e-3},
                      {1: 1e-4, 2: 1.1e-4, 4: 1.2e-4, 8: 1.3e-4})
         monkeypatch.setattr(session_module, "calibrate", lambda *a, **k: flat)
-    draft = {"gguf": tiny.draft_gguf, "torch": tiny.draft_torch, None: None}[draft_kind]
-    session = Session(EngineConfig(tiny.target_gguf, draft=draft, maxgram=maxgram, n_ctx=512, n_threads=1,
-                                   budget=budget, draft_limits=limits))
+    draft = {"gguf": tiny.draft_gguf, "torch": tiny.draft_torch}.get(draft_kind)
+    head = request.getfixturevalue("tiny_head") if draft_kind == "head" else None
+    session = Session(EngineConfig(tiny.target_gguf, draft=draft, head=head, maxgram=maxgram, n_ctx=512,
+                                   n_threads=1, budget=budget, draft_limits=limits, head_limits=limits))
     plain_session, outputs = plain
     engine = session.engine
     if engine.controller is not None:

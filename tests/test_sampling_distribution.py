@@ -73,6 +73,21 @@ def test_staged_tree_sampling_matches_target_distribution(staged):
     assert tv < bound, f"TV {tv:.4f} >= bound {bound:.4f}"
 
 
+def test_draft_head_sampling_matches_target_distribution(tiny, tiny_head):
+    """The head's proposals cover only its draft vocabulary (zero mass elsewhere): still exact."""
+    session = Session(EngineConfig(tiny.target_gguf, head=tiny_head, n_ctx=256, n_threads=1,
+                                   budget=TreeBudget(max_nodes=8),
+                                   head_limits=DraftLimits(max_depth=3, branching=2, width=4)))
+    try:
+        prompt = session.raw_prompt("for i in range(")
+        tv, bound = sampled_tv(session, prompt, exact_joint(session, prompt))
+        drafted = session.run(prompt, max_tokens=24, sampling=SamplingParams(seed=1, **PARAMS)).stats
+    finally:
+        session.close()
+    assert tv < bound, f"TV {tv:.4f} >= bound {bound:.4f}"
+    assert sum(sum(s.proposed) for s in drafted.stages if s.name == "head") > 0
+
+
 def accept_whenever_possible(tree, node, p, rng):
     """Biased: takes the first drafted child the target gives any probability, skipping the test."""
     for child in tree.children[node]:

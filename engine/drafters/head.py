@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import time
+import zipfile
 from pathlib import Path
 from typing import Sequence
 
@@ -121,8 +122,8 @@ class DraftHead:
             z = np.load(path, allow_pickle=False)
             meta = json.loads(str(z["meta"]))
             arrays = {k: z[k] for k in ("w_in", "w1", "w2", "norm", "vocab")}
-        except (OSError, ValueError, KeyError) as err:
-            raise _bad_head(path, f"cannot read it ({err})") from err
+        except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError) as err:
+            raise _bad_head(path, f"cannot read it ({type(err).__name__}: {err})") from err
         if meta.get("format") != FORMAT:
             raise _bad_head(path, f"format {meta.get('format')!r}, expected {FORMAT!r}")
         if meta.get("n_embd") != n_embd or meta.get("vocab_size") != vocab_size:
@@ -195,7 +196,7 @@ class DraftHead:
                 f = torch.ones(n, self.out.shape[1], device=self.device, dtype=self.dtype)
                 sync()
                 t = time.perf_counter()
-                _, logits = self.step(f, [1000 + i for i in range(n)])
+                _, logits = self.step(f, [(1000 + 7 * i) % self.vocab_size for i in range(n)])
                 greedy_rows(logits, 2)
                 sync()
                 if rep:

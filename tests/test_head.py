@@ -1,0 +1,104 @@
+"""The draft head: the target's hidden states, training a head, loading one, and its errors.
+
+Greedy equality with the head drafting is in test_greedy_equality.py, sampling exactness in
+test_sampling_distribution.py, the bench's head configurations in test_bench.py.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from localspec.engine.drafters.head import DraftHead, target_tables
+from localspec.engine.errors import LocalspecError
+from localspec.engine.llama_model import LlamaModel
+from localspec.engine.session import EngineConfig, Session
+
+
+def test_hidden_states_are_the_output_matrix_input_and_leave_logits_alone(tiny):
+    plain = LlamaModel(tiny.target_gguf, n_ctx=256, n_batch=64, n_threads=1)
+    hidden = LlamaModel(tiny.target_gguf, n_ctx=256, n_batch=64, n_threads=1, hidden=True)
+    try:
+        tokens = plain.tokenize("def add_3(x):\n    return x + 3\n", special=False)
+        pos = np.arange(len(tokens))
+        mask = np.zeros(len(tokens), bool)
+        mask[[1, 4]] = True
+        for logits in (True, False, mask):   # all rows, the last, a mask: the same rows either way
+            plain.clear()
+            hidden.clear()
+            plain.decode(tokens, pos, logits=logits)
+            hidden.decode(tokens, pos, logits=logits)
+            # (llama.cpp outputs every row with hidden states: its output matmul has another
+            # shape, which moves the last bits)
+            np.testing.assert_allclose(plain.logits(), hidden.logits(), atol=1e-5, rtol=1e-5)
+        hidden.clear()
+        hidden.decode(tokens, pos, logits=True)
+        _, out, _ = target_tables(tiny.target_gguf, None)
+        states = np.stack([hidden.hidden_row(i) for i in range(len(tokens))])
+        np.testing.assert_allclose(states @ out.T, hidden.logits(), atol=1e-3, rtol=1e-4)
+    finally:
+        plain.close()
+        hidden.close()
+
+
+def test_head_is_trained_to_predict_the_target(tiny, tiny_head):
+    meta = json.loads(str(np.load(tiny_head)["meta"]))
+    assert meta["vocab_size"] == tiny.vocab_size and meta["tokens"] > 10_000
+    # held-out positions: the head's first guess is the target's choice far above chance
+    assert meta["held_out_top1"][0] > 0.3, meta
+    head = DraftHead(tiny_head, tiny.target_gguf, n_embd=128, vocab_size=tiny.vocab_size, device="cpu")
+    assert head.vocab.size == meta["draft_vocab"] and np.all(np.diff(head.vocab) > 0)
+
+
+def test_cli_trains_and_describes_a_head(tiny, tmp_path):
+    text = tmp_path / "notes"
+    text.mkdir()
+    (text / "a.py").write_text("def add(a, b):\n    return a + b\n" * 40)
+    out = tmp_path / "h.npz"
+    run = subprocess.run([sys.executable, "-m", "localspec.app.cli", "head", "train", "--model",
+                          str(tiny.target_gguf), "--text", str(text), "--out", str(out), "--steps", "20",
+                          "--batch", "64", "--ctx", "128"], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert out.exists() and "held-out top-1" in run.stdout
+    info = subprocess.run([sys.executable, "-m", "localspec.app.cli", "head", "info", str(out)],
+                          capture_output=True, text=True, timeout=60)
+    assert info.returncode == 0 and "target: target.gguf" in info.stdout
+
+
+def test_cli_names_the_fix_for_bad_training_input(tiny, tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for args, fix in ((["--text", str(empty), "--out", str(tmp_path / "h.npz")], "Name files or folders"),
+                      (["--text", str(empty), "--out", str(tmp_path / "h.bin")], ".npz")):
+        run = subprocess.run([sys.executable, "-m", "localspec.app.cli", "head", "train", "--model",
+                              str(tiny.target_gguf), *args], capture_output=True, text=True, timeout=120)
+        assert run.returncode == 2 and fix in run.stderr, run.stderr
+
+
+def test_a_head_for_another_target_or_a_broken_file_is_refused(tiny, tiny_head, tmp_path):
+    with pytest.raises(LocalspecError) as err:
+        DraftHead(tiny_head, tiny.other_vocab_gguf, n_embd=32, vocab_size=300, device="cpu")
+    assert "head train" in err.value.render() and "512 tokens" in err.value.render()
+    broken = tmp_path / "broken.npz"
+    broken.write_bytes(tiny_head.read_bytes()[:1000])
+    with pytest.raises(LocalspecError, match="Not a usable draft head"):
+        DraftHead(broken, tiny.target_gguf, n_embd=128, vocab_size=tiny.vocab_size, device="cpu")
+    with pytest.raises(LocalspecError, match="Draft head not found"):
+        Session(EngineConfig(tiny.target_gguf, head=tmp_path / "missing.npz", n_ctx=256, n_threads=1))
+
+
+def test_one_token_prompt_drafts_nothing_then_drafts(tiny, tiny_head):
+    """No hidden state before the root on a one-token prompt: the head sits the first round out."""
+    session = Session(EngineConfig(tiny.target_gguf, head=tiny_head, maxgram=False, n_ctx=256, n_threads=1))
+    try:
+        plain = Session(EngineConfig(tiny.target_gguf, speculation=False, n_ctx=256, n_threads=1))
+        prompt = session.raw_prompt("def")[:1]
+        expect = plain.run(prompt, max_tokens=24).tokens
+        plain.close()
+        got = session.run(prompt, max_tokens=24)
+    finally:
+        session.close()
+    assert got.tokens == expect
