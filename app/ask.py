@@ -23,7 +23,7 @@ from typing import TextIO
 from localspec.engine.config import DEFAULT_TREE_NODES
 from localspec.engine.errors import LocalspecError
 
-from .paths import resolve_models
+from .paths import head_path, resolve_models
 from .settings import Settings, load_settings, settings_path
 
 
@@ -33,6 +33,7 @@ def add_ask(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", help="target model: a .gguf file or an installed model's name "
                                    "(default: the chat's settings)")
     p.add_argument("--draft", help="draft model: a .gguf file or a transformers folder")
+    p.add_argument("--head", help="a draft head trained for the model (localspec head train)")
     p.add_argument("--no-speculation", action="store_true", help="plain decoding, one token per target call")
     p.add_argument("--no-personal", action="store_true", help="do not use the personal n-gram drafter")
     p.add_argument("--max-tokens", type=int)
@@ -104,6 +105,7 @@ def open_session(p: AskPlan, args: argparse.Namespace):
 
     model, draft = resolve_models(p.settings.model, p.settings.draft)
     return Session(EngineConfig(model=model, draft=draft if p.use_draft else None,
+                                head=head_path(args.head),
                                 speculation=p.settings.speculation, personal=p.personal,
                                 n_ctx=args.ctx, n_gpu_layers=args.gpu_layers,
                                 budget=TreeBudget(max_nodes=args.tree_nodes, adaptive=True)))

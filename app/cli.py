@@ -20,7 +20,7 @@ from .ask import add_ask
 from .models_cmd import add_models_commands
 from .head_cmd import add_head
 from .ngram_cmd import add_ngram
-from .paths import model_path, resolve_models
+from .paths import head_path, model_path, resolve_models
 
 # `pull` is the only command that may open a network connection. Whatever imports the command
 # line (a chat UI started another way included) is offline until main() decides per command.
@@ -53,6 +53,8 @@ def _add_model_options(p: argparse.ArgumentParser, model_required: bool = True) 
     p.add_argument("--model", required=model_required,
                    help="target model: a .gguf file or an installed model's name (localspec list)")
     p.add_argument("--draft", help="draft model: a .gguf file (llama.cpp) or a transformers folder (PyTorch)")
+    p.add_argument("--head", help="a draft head trained for this target (localspec head train): drafts "
+                                  "from the target's own hidden states; pays on a GPU")
     p.add_argument("--no-speculation", action="store_true", help="plain decoding, one token per target call")
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
@@ -86,7 +88,7 @@ def _open_session(args: argparse.Namespace):
     from localspec.engine.session import EngineConfig, Session
 
     model, draft = resolve_models(args.model, args.draft)
-    return Session(EngineConfig(model=model, draft=draft,
+    return Session(EngineConfig(model=model, draft=draft, head=head_path(args.head),
                                 speculation=not args.no_speculation, n_ctx=args.ctx,
                                 personal=not args.no_personal,
                                 n_gpu_layers=args.gpu_layers,

@@ -29,7 +29,7 @@ from localspec.engine.errors import LocalspecError
 from localspec.engine.session import EngineConfig, Session
 
 from .engine_proc import Done, EngineSpec, Error, Ready, Token, encode_event
-from .paths import resolve_models
+from .paths import head_path, resolve_models
 
 
 class Inbox:
@@ -201,6 +201,7 @@ def _check_messages(messages: object) -> list[dict]:
 def open_session(spec: EngineSpec) -> Session:
     model, draft = resolve_models(spec.model, spec.draft)
     return Session(EngineConfig(model=model, draft=draft if spec.use_draft else None,
+                                head=head_path(spec.head),
                                 speculation=spec.speculation,
                                 personal=spec.personal, n_ctx=spec.n_ctx,
                                 n_gpu_layers=spec.n_gpu_layers, n_threads=spec.n_threads,

@@ -45,6 +45,7 @@ class EngineSpec:
     tree_nodes: int = DEFAULT_TREE_NODES
     n_threads: int | None = None
     use_draft: bool = True      # False: no draft model, not even an installed model's own
+    head: str | None = None     # a draft head trained for the model (localspec head train)
 
 
 # ---- events -------------------------------------------------------------------------------------

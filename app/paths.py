@@ -17,6 +17,11 @@ def model_path(value: str, what: str) -> Path:
                          "draft); named models arrive with `localspec pull`")
 
 
+def head_path(head: str | None) -> Path | None:
+    """A --head argument as a path (checked when the engine loads it)."""
+    return Path(head).expanduser() if head else None
+
+
 def resolve_models(model: str, draft: str | None) -> tuple[Path, Path | None]:
     """--model / --draft as given: an existing path is used as before; otherwise --model may be an
     installed model's name (localspec import / pull), whose registered draft is used unless --draft

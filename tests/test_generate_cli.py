@@ -43,3 +43,15 @@ def test_stop_string_ends_the_text_before_it(tiny):
 def test_chat_template_is_applied_unless_raw(tiny):
     out = json.loads(generate(tiny, "Say hello to Bob.", "--json", "--max-tokens", "16").stdout)
     assert out["stats"]["prompt_tokens"] > 8 and out["text"].strip()
+
+
+def test_head_option_drafts_with_the_head_and_keeps_greedy_output(tiny, tiny_head):
+    args = ("class Person:\n    def __init__(self, name, age):\n", "--raw", "--json", "--max-tokens", "32")
+    spec = generate(tiny, *args, "--head", str(tiny_head), "--no-personal")
+    assert spec.returncode == 0, spec.stderr
+    out = json.loads(spec.stdout)
+    assert {s["name"] for s in out["stats"]["stages"]} == {"maxgram", "head", "gguf-draft"}
+    plain = json.loads(generate(tiny, *args, "--no-speculation").stdout)
+    assert plain["tokens"] == out["tokens"]
+    bad = generate(tiny, *args, "--head", str(tiny.target_gguf))   # not a head file
+    assert bad.returncode == 2 and "Not a usable draft head" in bad.stderr and "head train" in bad.stderr
