@@ -18,6 +18,9 @@ from localspec.engine.errors import LocalspecError
 from .paths import model_path
 
 
+_PROMPT, _GEN = 384, 128   # a generated continuation: prompt tokens kept, tokens generated
+
+
 def add_head(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("head", help="train or describe a draft head (drafts from the target's hidden state)")
     acts = p.add_subparsers(dest="action", required=True)
@@ -26,7 +29,11 @@ def add_head(sub: argparse._SubParsersAction) -> None:
     train.add_argument("--text", action="append", required=True, metavar="PATH",
                        help="files or folders to learn from (their *.py, *.md, *.txt, *.rst); repeatable")
     train.add_argument("--out", required=True, help="the head file to write (.npz)")
-    train.add_argument("--max-tokens", type=int, default=1_000_000, help="text to read, in tokens")
+    train.add_argument("--max-tokens", type=int, default=500_000, help="text to read, in tokens")
+    train.add_argument("--generated-tokens", type=int, default=1_000_000,
+                       help="the target's own continuations of the functions in --text (signature and "
+                            "docstring), in tokens: what the head will draft from (0: text only)")
+    train.add_argument("--parallel", type=int, default=64, help="continuations generated side by side")
     train.add_argument("--steps", type=int, default=3000)
     train.add_argument("--batch", type=int, default=1024)
     train.add_argument("--draft-vocab", type=int, default=32768,
@@ -61,7 +68,7 @@ def _info(path: Path) -> int:
 def _train(args: argparse.Namespace) -> int:
     from localspec.engine import torch_lm  # noqa: F401  (torch before llama.cpp)
     from localspec.engine.llama_model import LlamaModel
-    from localspec.models.head_train import collect, text_files, train
+    from localspec.models.head_train import collect, function_prompts, generate_corpus, join, text_files, train
 
     model = model_path(args.model, "Model")
     out = Path(args.out).expanduser()
@@ -83,11 +90,26 @@ def _train(args: argparse.Namespace) -> int:
             except (OSError, UnicodeDecodeError):
                 continue   # binary or unreadable: skipped
 
-    target = LlamaModel(model, n_ctx=args.ctx, n_batch=args.ctx, n_seq_max=1, hidden=True)
-    try:
-        corpus = collect(target, texts(), args.max_tokens, chunk=args.ctx, progress=say)
-    finally:
-        target.close()
+    parts = []
+    if args.max_tokens > 0:
+        target = LlamaModel(model, n_ctx=args.ctx, n_batch=args.ctx, n_seq_max=1, hidden=True)
+        try:
+            parts.append(collect(target, texts(), args.max_tokens, chunk=args.ctx, progress=say))
+        finally:
+            target.close()
+    if args.generated_tokens > 0:
+        width = max(1, min(args.parallel, 128))
+        target = LlamaModel(model, n_ctx=width * (_PROMPT + _GEN), n_batch=max(512, width),
+                            n_seq_max=width, hidden=True)
+        try:
+            parts.append(generate_corpus(target, function_prompts(texts()), args.generated_tokens,
+                                         gen_tokens=_GEN, prompt_tokens=_PROMPT, progress=say))
+        finally:
+            target.close()
+    corpus = join(*parts) if parts else None
+    if corpus is None or len(corpus.tokens) < 64:
+        raise LocalspecError("Too little to learn from", f"{0 if corpus is None else len(corpus.tokens)} tokens "
+                             f"from {len(files)} files", "Name more text, or raise --max-tokens")
     say(f"{len(corpus.tokens)} tokens from {len(files)} files; training")
     info = train(corpus, model, out, vocab_size=args.draft_vocab, steps=args.steps, batch=args.batch,
                  progress=say, meta={"target": model.name, "text": [str(Path(t)) for t in args.text]})

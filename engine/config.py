@@ -93,8 +93,10 @@ class DraftLimits:
         return max(3, self.width + self.chain + 1)
 
 
-# A draft head (drafters/head.py) steps in a fraction of a target call: wide trees, one step a layer.
-HEAD_LIMITS = DraftLimits(max_depth=6, branching=3, width=8, chain=0)
+# A draft head (drafters/head.py) steps in a fraction of a target call (H100: 0.3 ms against 1.7):
+# deep trees, best-first, one step a layer. (Depth 6, 3 children a node, 8 a step grew trees no
+# deeper than 3 in 12 nodes, H100 HumanEval[:40].)
+HEAD_LIMITS = DraftLimits(max_depth=8, branching=2, width=4, chain=0)
 
 
 @dataclass(frozen=True)

@@ -15,10 +15,11 @@ to the models. Training wants a GPU; on a CPU it runs, slowly, at a small scale 
 from __future__ import annotations
 
 import math
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -77,6 +78,110 @@ def collect(model, texts: Iterable[str], max_tokens: int, chunk: int = 512,
             break
     model.clear()
     return Corpus(tokens[:n], hidden[:n], chunk_of[:n])
+
+
+_DEF = re.compile(r"^\s*(async\s+)?def \w+\(.*\).*:\s*$")
+
+
+def function_prompts(texts: Iterable[str], context_lines: int = 30) -> Iterator[str]:
+    """Completion prompts from code: a function's signature and docstring with the lines before
+    it, cut where the body starts (what a code assistant is asked to write; HumanEval's shape,
+    drawn from the user's own code)."""
+    for text in texts:
+        lines = text.split("\n")
+        for i, line in enumerate(lines[:-1]):
+            if not _DEF.match(line):
+                continue
+            doc = lines[i + 1].strip()
+            quote = doc[:3]
+            if quote not in ('"""', "'''"):
+                continue
+            end = i + 1
+            if not (len(doc) > 3 and doc.endswith(quote) and len(doc) >= 6):
+                end = next((j for j in range(i + 2, min(len(lines), i + 40)) if quote in lines[j]), -1)
+            if end < 0:
+                continue
+            yield "\n".join(lines[max(0, i - context_lines):end + 1]) + "\n"
+
+
+def generate_corpus(model, prompts: Iterable[str], max_tokens: int, gen_tokens: int = 128,
+                    prompt_tokens: int = 384, progress: Callable[[str], None] = lambda s: None
+                    ) -> Corpus:
+    """The target's own greedy continuations of `prompts`, `model.n_seq_max` at a time in one
+    batch per step (a LlamaModel opened with hidden=True): per token fed, the hidden state after
+    it. A head trained on these sees what it will draft from: the target's own text."""
+    if not model.hidden:
+        raise ValueError("generate_corpus() needs the target opened with hidden=True")
+    import torch
+
+    from localspec.engine.drafters.head import target_tables
+
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    _, out_all, _ = target_tables(model.path, None)
+    out_t = torch.from_numpy(out_all).to(dev)                                # [V, d] f32
+    del out_all
+    width, d = model.n_seq_max, model.n_embd
+    tokens = np.zeros(max_tokens, np.int32)
+    hidden = np.zeros((max_tokens, d), np.float16)
+    chunk_of = np.zeros(max_tokens, np.int32)
+    n = c = 0
+    t0 = time.time()
+    source = iter(prompts)
+    state = np.zeros((width, d), np.float32)
+    while n < max_tokens:
+        group = []
+        for text in source:
+            ids = model.tokenize(text, special=False, add_bos=False)[-prompt_tokens:]
+            if len(ids) >= 8:
+                group.append(ids)
+            if len(group) == width:
+                break
+        if not group:
+            break
+        model.clear()
+        for seq, ids in enumerate(group):
+            model.prefill(ids[:-1], 0, seq=seq)
+        cur = [ids[-1] for ids in group]
+        pos = [len(ids) - 1 for ids in group]
+        fed = [[] for _ in group]
+        states = [[] for _ in group]
+        alive = [True] * len(group)
+        for _ in range(gen_tokens):
+            model.decode(cur, np.asarray(pos, np.int32), [(s,) for s in range(len(group))], logits=True)
+            for r in range(len(group)):
+                state[r] = model.hidden_row(r)
+            nxt = (torch.from_numpy(state[:len(group)]).to(dev) @ out_t.T).argmax(-1).tolist()
+            for r in range(len(group)):
+                if alive[r]:
+                    fed[r].append(cur[r])
+                    states[r].append(state[r].astype(np.float16))
+                    alive[r] = not model.is_eog(nxt[r])
+            cur = nxt
+            pos = [p + 1 for p in pos]
+            if not any(alive) or sum(pos) + 2 * len(group) >= model.n_ctx:   # the shared cache is full
+                break
+        for r in range(len(group)):
+            m = min(len(fed[r]), max_tokens - n)
+            if m < 2:
+                continue
+            tokens[n:n + m] = fed[r][:m]
+            hidden[n:n + m] = np.stack(states[r][:m])
+            chunk_of[n:n + m] = c
+            n += m
+            c += 1
+        progress(f"generated {n} tokens ({n / (time.time() - t0):.0f}/s)")
+    model.clear()
+    return Corpus(tokens[:n], hidden[:n], chunk_of[:n])
+
+
+def join(*corpora: Corpus) -> Corpus:
+    """One corpus of several (chunk ids kept apart)."""
+    base, parts = 0, []
+    for cp in corpora:
+        parts.append(cp.chunk + base)
+        base += int(cp.chunk.max()) + 1 if cp.chunk.size else 0
+    return Corpus(np.concatenate([cp.tokens for cp in corpora]), np.concatenate([cp.hidden for cp in corpora]),
+                  np.concatenate(parts))
 
 
 def train(corpus: Corpus, target_gguf: Path, out: Path, *, vocab_size: int = 32768,

@@ -12,7 +12,8 @@ for spec in "$@"; do
   temp=${temp:-0}; configs=${configs:-plain,maxgram,adaptive}
   name="$workload-$limit"; if [ "$temp" != 0 ]; then name="$name-t$temp"; fi
   mkdir -p "$OUT/$name"
-  python3 -m localspec.app.cli bench --model /tmp/mod/target.gguf --draft /tmp/mod/draft.gguf \
+  draft=(); if [ -f /tmp/mod/draft.gguf ]; then draft=(--draft /tmp/mod/draft.gguf); fi
+  python3 -m localspec.app.cli bench --model /tmp/mod/target.gguf "${draft[@]}" \
     --workload "$workload" --limit "$limit" --max-tokens 256 --temperature "$temp" \
     --configs "$configs" ${HEAD:+--head "$HEAD"} --learn "$learn" --learn-max-tokens 1000000 --out "$OUT/$name" \
     > "/tmp/bench-$name.log" 2>&1 || echo "bench $name failed"
