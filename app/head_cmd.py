@@ -111,8 +111,12 @@ def _train(args: argparse.Namespace) -> int:
         raise LocalspecError("Too little to learn from", f"{0 if corpus is None else len(corpus.tokens)} tokens "
                              f"from {len(files)} files", "Name more text, or raise --max-tokens")
     say(f"{len(corpus.tokens)} tokens from {len(files)} files; training")
-    info = train(corpus, model, out, vocab_size=args.draft_vocab, steps=args.steps, batch=args.batch,
-                 progress=say, meta={"target": model.name, "text": [str(Path(t)) for t in args.text]})
+    try:
+        info = train(corpus, model, out, vocab_size=args.draft_vocab, steps=args.steps, batch=args.batch,
+                     progress=say, meta={"target": model.name, "text": [str(Path(t)) for t in args.text]})
+    except ValueError as err:   # too little text to train on and to check the head on
+        raise LocalspecError("Too little to learn from", str(err),
+                             "Name more text, or raise --max-tokens") from None
     print(f"wrote {out}: {info['tokens']} tokens, draft vocabulary {info['draft_vocab']}, "
           f"held-out top-1 per step {info['held_out_top1']}")
     return 0

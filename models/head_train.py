@@ -188,8 +188,8 @@ def train(corpus: Corpus, target_gguf: Path, out: Path, *, vocab_size: int = 327
           steps: int = 3000, batch: int = 1024, unroll: int = 4, lr: float = 1e-3,
           feature_weight: float = 0.1, device: str | None = None, seed: int = 0,
           progress: Callable[[str], None] = lambda s: None, meta: dict | None = None) -> dict:
-    """Train a head on `corpus` and write it to `out`; what training measured (accuracy of the
-    first step's greedy guess on held-out positions, per unrolled step)."""
+    """Train a head on `corpus` and write it to `out`; what training measured (how often the
+    head's top guess is the target's choice on held-out chunks, per unrolled step)."""
     import torch
     import torch.nn.functional as F
 
@@ -223,9 +223,13 @@ def train(corpus: Corpus, target_gguf: Path, out: Path, *, vocab_size: int = 327
     starts = np.flatnonzero(ok)
     if starts.size < 16:
         raise ValueError(f"too little text to train on: {n} tokens")
-    perm = torch.randperm(starts.size, generator=gen).numpy()
-    held = starts[perm[:max(8, starts.size // 50)]]
-    starts = starts[perm[held.size:]]
+    # held out: whole chunks (every 50th), so the accuracy it reports is on text never trained on
+    chunks = np.unique(corpus.chunk)
+    out_chunks = chunks[torch.randperm(chunks.size, generator=gen).numpy()[:max(1, chunks.size // 50)]]
+    is_held = np.isin(corpus.chunk[starts], out_chunks)
+    held, starts = starts[is_held], starts[~is_held]
+    if held.size < 8 or starts.size < 16:
+        raise ValueError(f"too little text to train on and check: {n} tokens in {chunks.size} chunks")
 
     X = torch.from_numpy(corpus.tokens.astype(np.int64)).to(dev)             # [N]
     Y = torch.from_numpy(sub[label]).to(dev)                          # [N] draft index

@@ -71,8 +71,12 @@ def test_cli_trains_and_describes_a_head(tiny, tmp_path):
 def test_cli_names_the_fix_for_bad_training_input(tiny, tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
+    short = tmp_path / "short.py"
+    short.write_text("x = 1\n" * 30)
     for args, fix in ((["--text", str(empty), "--out", str(tmp_path / "h.npz")], "Name files or folders"),
-                      (["--text", str(empty), "--out", str(tmp_path / "h.bin")], ".npz")):
+                      (["--text", str(empty), "--out", str(tmp_path / "h.bin")], ".npz"),
+                      (["--text", str(short), "--out", str(tmp_path / "h.npz"), "--generated-tokens", "0"],
+                       "Name more text")):
         run = subprocess.run([sys.executable, "-m", "localspec.app.cli", "head", "train", "--model",
                               str(tiny.target_gguf), *args], capture_output=True, text=True, timeout=120)
         assert run.returncode == 2 and fix in run.stderr, run.stderr
