@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import mmap
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
@@ -39,6 +39,28 @@ class GGUFInfo:
     data_end: int          # bytes the file must have
     file_size: int
     metadata: dict         # scalar and string metadata
+    # name -> (shape, innermost first as in GGUF; ggml type; absolute offset of its data)
+    tensors: dict = field(default_factory=dict)
+
+
+def tensor_rows(info: GGUFInfo, name: str, rows=None):
+    """Rows of a 2-D tensor (all, or the ids in `rows`) as float32 [n, cols], dequantised from the
+    file (memory-mapped: only the rows asked for are read)."""
+    import numpy as np
+    from gguf.quants import dequantize
+
+    shape, ttype, offset = info.tensors[name]
+    cols = shape[0]
+    n_rows = int(np.prod(shape[1:])) if len(shape) > 1 else 1
+    qtype = GGMLQuantizationType(ttype)
+    block, type_size = GGML_QUANT_SIZES[qtype]
+    row_bytes = cols // block * type_size
+    data = np.memmap(info.path, dtype=np.uint8, mode="r", offset=offset, shape=(n_rows, row_bytes))
+    if rows is None:
+        return np.concatenate([dequantize(np.asarray(data[a:a + 8192]), qtype).astype(np.float32, copy=False)
+                               .reshape(-1, cols) for a in range(0, n_rows, 8192)])
+    picked = np.asarray(data[np.asarray(rows, np.int64)])
+    return dequantize(picked, qtype).astype(np.float32, copy=False).reshape(-1, cols)
 
 
 class _Reader:
@@ -214,25 +236,29 @@ def _parse(r: _Reader, size: int, require_vocab: bool = True) -> GGUFInfo:
             vocab = int(value)
     alignment = int(meta.get("general.alignment", 32))
     end = 0
+    tensors = {}
     for _ in range(n_tensors):
         name = r.string()
         n_dims = r.take("<I")
         if n_dims > 8:
             raise _Corrupt(f"tensor '{name}' claims {n_dims} dimensions")
+        dims = tuple(r.take("<Q") for _ in range(n_dims))
         n_elems = 1
-        for _ in range(n_dims):
-            n_elems *= r.take("<Q")
+        for d in dims:
+            n_elems *= d
         ttype, offset = r.take("<I"), r.take("<Q")
         try:
             block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(ttype)]
         except (ValueError, KeyError):
             raise _Corrupt(f"tensor '{name}' has unknown type {ttype}") from None
         end = max(end, offset + n_elems // block * type_size)
+        tensors[name] = (dims, ttype, offset)
     data_start = -(-r.pos // alignment) * alignment
+    tensors = {k: (dims, ttype, data_start + off) for k, (dims, ttype, off) in tensors.items()}
     data_end = data_start + end
     info = GGUFInfo(path=r.path, version=version, architecture=str(meta.get("general.architecture", "")),
                     n_tensors=n_tensors, vocab_size=vocab, data_end=data_end, file_size=size,
-                    metadata=meta)
+                    metadata=meta, tensors=tensors)
     if size < data_end:
         raise LocalspecError("Model file is truncated",
                              f"'{r.path}' has {size:,} bytes but its tensors need {data_end:,} "

@@ -106,3 +106,17 @@ def test_one_token_prompt_drafts_nothing_then_drafts(tiny, tiny_head):
     finally:
         session.close()
     assert got.tokens == expect
+
+
+def test_embedding_rows_outside_the_draft_vocabulary_come_from_the_file(tiny, tiny_head, monkeypatch):
+    import localspec.engine.drafters.head as head_module
+
+    monkeypatch.setattr(head_module, "_EXTRA", 8)   # small, so the extra rows fill and start over
+    head = DraftHead(tiny_head, tiny.target_gguf, n_embd=128, vocab_size=tiny.vocab_size, device="cpu")
+    emb, _, _ = target_tables(tiny.target_gguf, None)
+    outside = [t for t in range(tiny.vocab_size) if t not in set(head.vocab.tolist())][:20]
+    inside = head.vocab[:3].tolist()
+    for batch in (outside[:5], outside[5:11], inside + outside[11:14], outside[:2]):
+        slots = head._slots(batch)
+        np.testing.assert_allclose(head.emb[slots].numpy(), emb[batch], rtol=0, atol=0)
+    assert len(head._extra) <= 8

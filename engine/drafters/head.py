@@ -39,6 +39,7 @@ from .torch_draft import greedy_rows, process_rows
 
 FORMAT = "localspec-head-1"
 _BUCKETS = (1, 2, 4, 8, 16, 32)   # rows a GPU step is padded to (one CUDA graph each)
+_EXTRA = 4096                     # embedding rows for tokens outside the draft vocabulary
 _EPS = 1e-6
 
 
@@ -84,32 +85,18 @@ def _bad_head(path: Path, why: str) -> LocalspecError:
                           "(or pass the head file made for this target)")
 
 
-def _rows(t, ids: np.ndarray | None) -> np.ndarray:
-    from gguf.quants import dequantize
-
-    if ids is not None:
-        return dequantize(t.data[ids], t.tensor_type).astype(np.float32, copy=False)
-    return np.concatenate([dequantize(t.data[a:a + 8192], t.tensor_type).astype(np.float32, copy=False)
-                           for a in range(0, int(t.data.shape[0]), 8192)])
-
-
 def target_tables(gguf_path: Path, vocab: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """From the target's GGUF: the token embedding [V, d], its output rows for `vocab` (None:
-    all) [len(vocab), d] and the output norm [d], float32, dequantised in blocks."""
-    import gguf
+    all) [len(vocab), d] and the output norm [d], float32, dequantised from the memory-mapped file."""
+    from localspec.models.gguf_file import read_gguf, tensor_rows
 
-    reader = gguf.GGUFReader(str(gguf_path))
-    tensors = {t.name: t for t in reader.tensors}
-    emb_t = tensors["token_embd.weight"]
-    out_t = tensors.get("output.weight", emb_t)   # tied embeddings: the embedding is the output
-    rows = int(emb_t.data.shape[0])
-    emb = _rows(emb_t, None).reshape(rows, -1)
-    if out_t is emb_t and vocab is None:
-        out = emb
+    info = read_gguf(gguf_path)
+    emb = tensor_rows(info, "token_embd.weight")
+    if "output.weight" not in info.tensors:    # tied embeddings: the embedding is the output
+        out = emb if vocab is None else emb[np.asarray(vocab, np.int64)]
     else:
-        out = _rows(out_t, None if vocab is None else np.asarray(vocab, np.int64))
-    norm = _rows(tensors["output_norm.weight"], None)
-    return emb, out.reshape(out.shape[0] if vocab is None else len(vocab), -1), norm.reshape(-1)
+        out = tensor_rows(info, "output.weight", vocab)
+    return emb, out, tensor_rows(info, "output_norm.weight").reshape(-1)
 
 
 class DraftHead:
@@ -135,15 +122,28 @@ class DraftHead:
         self.device = dev
         self.dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
         self.vocab = arrays["vocab"].astype(np.int64)                          # [V_sub]
-        emb, out, _ = target_tables(Path(target_gguf), self.vocab)
+        from localspec.models.gguf_file import read_gguf, tensor_rows
+
+        self._gguf = read_gguf(Path(target_gguf))
+        self._rows = tensor_rows
+        emb_name = "token_embd.weight"
+        out_name = "output.weight" if "output.weight" in self._gguf.tensors else emb_name
+        emb = tensor_rows(self._gguf, emb_name, self.vocab)                    # [V_sub, d]
+        out = emb if out_name == emb_name else tensor_rows(self._gguf, out_name, self.vocab)
         self.net = HeadNet(n_embd, arrays["w1"].shape[0])
         with torch.no_grad():
             for name in ("w_in", "w1", "w2"):
                 getattr(self.net, name).weight.copy_(torch.from_numpy(arrays[name].astype(np.float32)))
             self.net.norm.copy_(torch.from_numpy(arrays["norm"].astype(np.float32)))
         self.net.to(dev, self.dtype).eval()
-        # the embedding is looked up a few rows a step: half precision on a CPU halves its memory
-        self.emb = torch.from_numpy(emb).to(dev, torch.bfloat16)               # [V, d]
+        # Embedding rows: the draft vocabulary's, then _EXTRA slots filled on demand with other
+        # tokens' (a root or a cheaper stage's node may be any token), dequantised from the file.
+        # Loading the whole [V, d] table took 6-15 s and 0.5 GB.
+        self.emb = torch.zeros(len(self.vocab) + _EXTRA, n_embd, device=dev, dtype=self.dtype)
+        self.emb[:len(self.vocab)] = torch.from_numpy(emb).to(dev, self.dtype)
+        self._slot = np.full(vocab_size, -1, np.int64)                         # token -> emb row
+        self._slot[self.vocab] = np.arange(len(self.vocab))
+        self._extra: list[int] = []                                            # tokens in extra rows
         self.out = torch.from_numpy(out).to(dev, self.dtype)                   # [V_sub, d]
         self.vocab_size = vocab_size
         # On a GPU a step is ~20 small kernels: replayed as one CUDA graph per row bucket
@@ -151,16 +151,34 @@ class DraftHead:
         self.graphs = dev.type == "cuda"
 
     @torch.inference_mode()
-    def _run(self, f: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        nxt = self.net(f, self.emb[ids].to(self.dtype))
+    def _run(self, f: torch.Tensor, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        nxt = self.net(f, self.emb[slots])
         return nxt, (nxt @ self.out.T).float()
+
+    def _slots(self, tokens: Sequence[int]) -> np.ndarray:
+        """Embedding rows of `tokens`, bringing in the rows of tokens outside the draft vocabulary."""
+        slots = self._slot[np.asarray(tokens, np.int64)]
+        missing = sorted({int(t) for t, s in zip(tokens, slots) if s < 0})
+        if missing:
+            base = len(self.vocab)
+            if len(self._extra) + len(missing) > _EXTRA:   # full: start the extra rows over
+                self._slot[self._extra] = -1
+                self._extra.clear()
+            rows = self._rows(self._gguf, "token_embd.weight", missing)
+            at = base + len(self._extra)
+            with torch.inference_mode():
+                self.emb[at:at + len(missing)] = torch.from_numpy(rows).to(self.device, self.dtype)
+            self._slot[missing] = np.arange(at, at + len(missing))
+            self._extra += missing
+            slots = self._slot[np.asarray(tokens, np.int64)]
+        return slots
 
     @torch.inference_mode()
     def step(self, f: torch.Tensor, tokens: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """f [n, d] states before `tokens` [n]: (states after them [n, d], logits [n, V_sub] f32).
         On a GPU both are views of a graph's buffers, valid until the next step of that size."""
         n = len(tokens)
-        ids = torch.as_tensor(np.asarray(tokens, np.int64))
+        ids = torch.from_numpy(self._slots(tokens))
         if not self.graphs or n > _BUCKETS[-1]:
             return self._run(f, ids.to(self.device))
         rows = next(b for b in _BUCKETS if b >= n)
