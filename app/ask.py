@@ -33,7 +33,8 @@ def add_ask(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", help="target model: a .gguf file or an installed model's name "
                                    "(default: the chat's settings)")
     p.add_argument("--draft", help="draft model: a .gguf file or a transformers folder")
-    p.add_argument("--head", help="a draft head trained for the model (localspec head train)")
+    p.add_argument("--head", help="a draft head trained for the model (localspec head train), in the "
+                                  "draft model's place")
     p.add_argument("--no-speculation", action="store_true", help="plain decoding, one token per target call")
     p.add_argument("--no-personal", action="store_true", help="do not use the personal n-gram drafter")
     p.add_argument("--max-tokens", type=int)

@@ -54,7 +54,7 @@ def _add_model_options(p: argparse.ArgumentParser, model_required: bool = True) 
                    help="target model: a .gguf file or an installed model's name (localspec list)")
     p.add_argument("--draft", help="draft model: a .gguf file (llama.cpp) or a transformers folder (PyTorch)")
     p.add_argument("--head", help="a draft head trained for this target (localspec head train): drafts "
-                                  "from the target's own hidden states; pays on a GPU")
+                                  "from the target's own hidden states, in the draft model's place")
     p.add_argument("--no-speculation", action="store_true", help="plain decoding, one token per target call")
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
@@ -167,8 +167,9 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--top-p", type=float, default=0.95, help="nucleus filter when sampling (llama.cpp default 0.95)")
     p.add_argument("--top-k", type=int, default=40, help="top-k filter when sampling (llama.cpp default 40; 0 = off)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--configs", default="plain,maxgram,ngram,draft-linear,draft-tree,staged,adaptive",
-                   help="comma-separated: plain,maxgram,ngram,draft-linear,draft-tree,staged,adaptive, "
+    p.add_argument("--configs", default=None,
+                   help="comma-separated (default: all but the head's, and with --head those too): "
+                        "plain,maxgram,ngram,draft-linear,draft-tree,staged,adaptive, "
                         "head, adaptive-head (with --head), adaptive-N (the adaptive budget with trees of at most N nodes)")
     p.add_argument("--ctx", type=int, default=4096)
     p.add_argument("--learn", action="append", default=[], metavar="PATH",
@@ -191,7 +192,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from localspec.app import bench, workloads
     from localspec.engine.session import EngineConfig, Session, draft_runs_in_torch
 
-    names = [n.strip() for n in args.configs.split(",") if n.strip()]
+    configs = args.configs or ",".join(n for n in bench.CONFIGS if args.head or "head" not in bench.config(n).stages)
+    names = [n.strip() for n in configs.split(",") if n.strip()]
     unknown = []
     for n in names:
         try:
@@ -201,6 +203,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if unknown:
         raise LocalspecError("Unknown bench configuration", ", ".join(unknown),
                              f"Choose from: {', '.join(bench.CONFIGS)}, or adaptive-N (N = 1..64 nodes)")
+    if args.head and not any("head" in bench.config(n).stages for n in names):
+        raise LocalspecError("--head without a head configuration", f"--configs {configs}",
+                             "Add head and/or adaptive-head to --configs, or leave --configs out")
     if "plain" not in names:
         names.insert(0, "plain")   # the baseline every speed-up and 'identical' refers to
     sampling = _sampling(args)

@@ -27,7 +27,8 @@ from .target import Target
 class EngineConfig:
     model: Path
     draft: Path | None = None
-    head: Path | None = None          # a draft head trained for this target (drafters/head.py)
+    head: Path | None = None          # a draft head trained for this target (drafters/head.py);
+                                      # it takes the draft model's place (one neural stage, one cost curve)
     speculation: bool = True
     maxgram: bool = True
     personal: bool = False            # the personal n-gram drafter (store under the user data dir)
@@ -76,7 +77,9 @@ def with_torch_draft(costs: Costs, lm, path: Path | None) -> Costs:
 def with_head(costs: Costs, head) -> Costs:
     """`costs` with a draft head's step times, measured now, as the draft curve (learnt
     estimates kept apart from the draft models')."""
-    file = costs.file.with_name(f"{costs.file.stem}-head-{head.path.stem[:24]}.json") if costs.file else None
+    st = head.path.stat()
+    tag = hashlib.sha256(f"{head.path.resolve()} {st.st_size} {st.st_mtime_ns}".encode()).hexdigest()[:8]
+    file = costs.file.with_name(f"{costs.file.stem}-head-{tag}.json") if costs.file else None
     return replace(costs, draft=head.measure(), file=file)
 
 
@@ -84,11 +87,15 @@ def load_head(path: Path, model: LlamaModel):
     """A DraftHead for `model` (opened with hidden=True), on the GPU where there is one."""
     from .drafters.head import DraftHead   # torch is heavy: import only when used
 
+    return DraftHead(check_head_path(path), model.path, n_embd=model.n_embd, vocab_size=model.vocab_size)
+
+
+def check_head_path(path: Path) -> Path:
     path = Path(path).expanduser()
     if not path.is_file():
         raise LocalspecError("Draft head not found", str(path),
                              "Pass the .npz file `localspec head train` wrote, or leave out --head")
-    return DraftHead(path, model.path, n_embd=model.n_embd, vocab_size=model.vocab_size)
+    return path
 
 
 def _load_draft(path: Path, target: LlamaModel, cfg: EngineConfig) -> Drafter:
@@ -113,6 +120,9 @@ class Session:
 
     def __init__(self, cfg: EngineConfig) -> None:
         self.cfg = cfg
+        if cfg.speculation and cfg.head is not None:
+            check_head_path(cfg.head)          # before the slow target load
+            cfg = self.cfg = replace(cfg, draft=None)
         if cfg.speculation:
             draft_runs_in_torch(cfg.draft)
             if cfg.head is not None:

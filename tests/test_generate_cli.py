@@ -50,7 +50,9 @@ def test_head_option_drafts_with_the_head_and_keeps_greedy_output(tiny, tiny_hea
     spec = generate(tiny, *args, "--head", str(tiny_head), "--no-personal")
     assert spec.returncode == 0, spec.stderr
     out = json.loads(spec.stdout)
-    assert {s["name"] for s in out["stats"]["stages"]} == {"maxgram", "head", "gguf-draft"}
+    # the head takes the draft model's place (one neural stage, one cost curve)
+    assert {s["name"] for s in out["stats"]["stages"]} == {"maxgram", "head"}
+    assert next(s for s in out["stats"]["stages"] if s["name"] == "head")["proposed"]
     plain = json.loads(generate(tiny, *args, "--no-speculation").stdout)
     assert plain["tokens"] == out["tokens"]
     bad = generate(tiny, *args, "--head", str(tiny.target_gguf))   # not a head file

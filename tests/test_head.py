@@ -106,6 +106,7 @@ def test_one_token_prompt_drafts_nothing_then_drafts(tiny, tiny_head):
     finally:
         session.close()
     assert got.tokens == expect
+    assert sum(sum(s.proposed) for s in got.stats.stages if s.name == "head") > 0   # from round 2 on
 
 
 def test_embedding_rows_outside_the_draft_vocabulary_come_from_the_file(tiny, tiny_head, monkeypatch):
@@ -116,7 +117,51 @@ def test_embedding_rows_outside_the_draft_vocabulary_come_from_the_file(tiny, ti
     emb, _, _ = target_tables(tiny.target_gguf, None)
     outside = [t for t in range(tiny.vocab_size) if t not in set(head.vocab.tolist())][:20]
     inside = head.vocab[:3].tolist()
-    for batch in (outside[:5], outside[5:11], inside + outside[11:14], outside[:2]):
+    # the last two: tokens already in extra rows next to new ones, when the rows start over
+    for batch in (outside[:5], outside[5:11], inside + outside[11:14], outside[:2], outside[12:14] + outside[14:20]):
         slots = head._slots(batch)
+        assert (slots >= 0).all()
         np.testing.assert_allclose(head.emb[slots].numpy(), emb[batch], rtol=0, atol=0)
     assert len(head._extra) <= 8
+
+
+def test_last_hidden_is_the_state_before_the_root_after_prefill_and_a_padded_tree(tiny):
+    """The row the head drafts from: after prefill, and after a padded verify that commits a path."""
+    from localspec.engine.target import Target
+    from localspec.engine.tree import DraftTree
+
+    model = LlamaModel(tiny.target_gguf, n_ctx=256, n_batch=64, n_threads=1, n_seq_max=8, n_pad_seqs=8,
+                       hidden=True)
+    fresh = LlamaModel(tiny.target_gguf, n_ctx=256, n_batch=64, n_threads=1, hidden=True)
+    try:
+        prompt = model.tokenize("def add_3(x):\n    return x + 3\n", special=False)
+        target = Target(model)
+        target.reset()
+        target.prefill(prompt[:-1])
+
+        def expected(tokens):   # the hidden state after the last of `tokens`, decoded plainly
+            fresh.clear()
+            fresh.decode(tokens, np.arange(len(tokens)), logits=True)
+            return fresh.hidden_row(len(tokens) - 1).copy()
+
+        np.testing.assert_allclose(target.last_hidden(), expected(prompt[:-1]), atol=1e-3, rtol=1e-3)
+        tree = DraftTree(16)
+        tree.reset(prompt[-1])
+        a = tree.add(0, 11, 0.0, 0)
+        tree.add(0, 12, 0.0, 0)            # a sibling, not committed
+        b = tree.add(a, 13, 0.0, 0)
+        target.verify(tree, pad_to=8)
+        target.commit(tree, [a, b])
+        np.testing.assert_allclose(target.last_hidden(), expected(prompt + [11, 13]), atol=1e-3, rtol=1e-3)
+        target.reset()
+        assert target.last_hidden() is None
+    finally:
+        model.close()
+        fresh.close()
+
+
+def test_bench_head_without_a_head_configuration_names_the_fix(tiny, tiny_head):
+    run = subprocess.run([sys.executable, "-m", "localspec.app.cli", "bench", "--model", str(tiny.target_gguf),
+                          "--head", str(tiny_head), "--configs", "plain,maxgram"],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and "adaptive-head" in run.stderr, run.stderr

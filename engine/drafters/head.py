@@ -85,12 +85,23 @@ def _bad_head(path: Path, why: str) -> LocalspecError:
                           "(or pass the head file made for this target)")
 
 
+def _single_file(info):
+    """A GGUF whose tables a head reads: one file (a split model's tables may sit in later parts)."""
+    if int(info.metadata.get("split.count", 1) or 1) > 1 or not {
+            "token_embd.weight", "output_norm.weight"} <= set(info.tensors):
+        raise LocalspecError("Draft heads need a one-file target",
+                             f"'{info.path}' is part of a split model (or lacks its embedding)",
+                             "Merge the parts into one .gguf (llama.cpp's gguf-split --merge), "
+                             "or run without --head")
+    return info
+
+
 def target_tables(gguf_path: Path, vocab: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """From the target's GGUF: the token embedding [V, d], its output rows for `vocab` (None:
     all) [len(vocab), d] and the output norm [d], float32, dequantised from the memory-mapped file."""
     from localspec.models.gguf_file import read_gguf, tensor_rows
 
-    info = read_gguf(gguf_path)
+    info = _single_file(read_gguf(gguf_path))
     emb = tensor_rows(info, "token_embd.weight")
     if "output.weight" not in info.tensors:    # tied embeddings: the embedding is the output
         out = emb if vocab is None else emb[np.asarray(vocab, np.int64)]
@@ -106,10 +117,13 @@ class DraftHead:
                  device: str | None = None) -> None:
         path = Path(path).expanduser()
         try:
-            z = np.load(path, allow_pickle=False)
-            meta = json.loads(str(z["meta"]))
-            arrays = {k: z[k] for k in ("w_in", "w1", "w2", "norm", "vocab")}
-        except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError) as err:
+            with np.load(path, allow_pickle=False) as z:
+                meta = json.loads(str(z["meta"]))
+                arrays = {k: z[k] for k in ("w_in", "w1", "w2", "norm", "vocab")}
+            if not isinstance(meta, dict):
+                raise ValueError("its meta is not a JSON object")
+        except (OSError, ValueError, KeyError, IndexError, TypeError, AttributeError, zipfile.BadZipFile,
+                EOFError) as err:   # .npy: np.load gives an array, which has no ["meta"]
             raise _bad_head(path, f"cannot read it ({type(err).__name__}: {err})") from err
         if meta.get("format") != FORMAT:
             raise _bad_head(path, f"format {meta.get('format')!r}, expected {FORMAT!r}")
@@ -124,7 +138,7 @@ class DraftHead:
         self.vocab = arrays["vocab"].astype(np.int64)                          # [V_sub]
         from localspec.models.gguf_file import read_gguf, tensor_rows
 
-        self._gguf = read_gguf(Path(target_gguf))
+        self._gguf = _single_file(read_gguf(Path(target_gguf)))
         self._rows = tensor_rows
         emb_name = "token_embd.weight"
         out_name = "output.weight" if "output.weight" in self._gguf.tensors else emb_name
@@ -157,20 +171,22 @@ class DraftHead:
 
     def _slots(self, tokens: Sequence[int]) -> np.ndarray:
         """Embedding rows of `tokens`, bringing in the rows of tokens outside the draft vocabulary."""
-        slots = self._slot[np.asarray(tokens, np.int64)]
-        missing = sorted({int(t) for t, s in zip(tokens, slots) if s < 0})
+        ids = np.asarray(tokens, np.int64)
+        slots = self._slot[ids]
+        missing = sorted({int(t) for t in ids[slots < 0]})
         if missing:
             base = len(self.vocab)
             if len(self._extra) + len(missing) > _EXTRA:   # full: start the extra rows over
                 self._slot[self._extra] = -1
                 self._extra.clear()
+                missing = sorted({int(t) for t in ids[self._slot[ids] < 0]})   # this batch's too
             rows = self._rows(self._gguf, "token_embd.weight", missing)
             at = base + len(self._extra)
             with torch.inference_mode():
                 self.emb[at:at + len(missing)] = torch.from_numpy(rows).to(self.device, self.dtype)
             self._slot[missing] = np.arange(at, at + len(missing))
             self._extra += missing
-            slots = self._slot[np.asarray(tokens, np.int64)]
+            slots = self._slot[ids]
         return slots
 
     @torch.inference_mode()
