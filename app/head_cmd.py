@@ -8,6 +8,7 @@ steps (an H100: about a minute for a million tokens and 3000 steps).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import random
 import sys
@@ -97,12 +98,16 @@ def _train(args: argparse.Namespace) -> int:
             parts.append(collect(target, texts(), args.max_tokens, chunk=args.ctx, progress=say))
         finally:
             target.close()
-    if args.generated_tokens > 0:
+    prompts = function_prompts(texts())
+    first = next(prompts, None) if args.generated_tokens > 0 else None
+    if first is None and args.generated_tokens > 0:
+        say("no function with a docstring in the text: nothing for the target to continue")
+    if first is not None:
         width = max(1, min(args.parallel, 128))
         target = LlamaModel(model, n_ctx=width * (_PROMPT + _GEN), n_batch=max(512, width),
                             n_seq_max=width, hidden=True)
         try:
-            parts.append(generate_corpus(target, function_prompts(texts()), args.generated_tokens,
+            parts.append(generate_corpus(target, itertools.chain([first], prompts), args.generated_tokens,
                                          gen_tokens=_GEN, prompt_tokens=_PROMPT, progress=say))
         finally:
             target.close()

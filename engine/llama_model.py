@@ -214,6 +214,7 @@ class LlamaModel:
         self._pick: slice | np.ndarray | None = None
         if self.hidden and outputs != total:   # with hidden states llama.cpp outputs every row
             self._pick = slice(n - 1, n) if logits is False else np.flatnonzero(self._out[:n])
+            self._out[:total] = 1               # (asking for fewer only draws its warning)
             outputs = total
         self._batch.n_tokens = total
         rc = lc.llama_decode(self._ctx, self._batch)

@@ -204,8 +204,8 @@ def train(corpus: Corpus, target_gguf: Path, out: Path, *, vocab_size: int = 327
     full_vocab = emb.shape[0]
     H = torch.from_numpy(corpus.hidden).to(dev)                              # [N, d] f16
     with torch.no_grad():   # the target's choice after each token: its output matrix on its state
-        out_all_t = torch.from_numpy(out_all).to(dev, dtype)
-        label = torch.cat([(H[a:a + 4096].to(dtype) @ out_all_t.T).argmax(-1)
+        out_all_t = torch.from_numpy(out_all).to(dev)                        # f32: near-ties hold
+        label = torch.cat([(H[a:a + 4096].float() @ out_all_t.T).argmax(-1)
                            for a in range(0, n, 4096)]).cpu().numpy()
         del out_all_t
     # the draft vocabulary: the target's most frequent choices (ascending ids)
