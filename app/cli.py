@@ -249,16 +249,26 @@ def _add_calibrate(sub: argparse._SubParsersAction) -> None:
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from localspec.engine.calibrate import calibrate
-    from localspec.engine.config import DraftLimits, TreeBudget
+    from localspec.engine.config import HEAD_LIMITS, DraftLimits, TreeBudget
     from localspec.engine.llama_model import LlamaModel
 
     model, draft = resolve_models(args.model, args.draft)
+    head_file = head_path(args.head)
+    if head_file is not None:
+        from localspec.engine.session import check_head_path
+        check_head_path(head_file)
+        from localspec.engine import torch_lm  # noqa: F401  (torch before llama.cpp)
+        draft = None                             # the head takes the draft model's place
     target = LlamaModel(model, n_ctx=args.ctx, n_seq_max=2, n_gpu_layers=args.gpu_layers)
     drafter = None
     try:
         if draft is not None and draft.suffix == ".gguf":
             drafter = LlamaModel(draft, n_ctx=args.ctx, n_seq_max=2, n_gpu_layers=args.gpu_layers)
         costs = calibrate(target, drafter, args.tree_nodes, refresh=args.refresh)
+        if head_file is not None:
+            from localspec.engine.session import load_head, with_head
+            costs = with_head(costs, load_head(head_file, target))
+            draft = head_file
     finally:
         target.close()
         if drafter is not None:
@@ -270,7 +280,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         print(f"changing the batch shape and back (CUDA graphs rebuilt): {1e3 * costs.switch:.2f} ms")
     arms = TreeBudget(max_nodes=args.tree_nodes, adaptive=True).arms(
         with_models=draft is not None, pruned=True, plain=target.n_gpu_layers == 0)
-    limits = DraftLimits()   # what generate and chat draft with: the engine judges by the same
+    # what generate and chat draft with: the engine judges by the same
+    limits = HEAD_LIMITS if head_file is not None else DraftLimits()
     kept = costs.viable(arms, limits.width, limits.max_depth)
     plain = 1 / costs.target_cost(1)
     for arm in arms:

@@ -165,3 +165,11 @@ def test_bench_head_without_a_head_configuration_names_the_fix(tiny, tiny_head):
                           "--head", str(tiny_head), "--configs", "plain,maxgram"],
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 2 and "adaptive-head" in run.stderr, run.stderr
+
+
+def test_calibrate_measures_the_head_in_the_draft_models_place(tiny, tiny_head, tmp_path):
+    run = subprocess.run([sys.executable, "-m", "localspec.app.cli", "calibrate", "--model", str(tiny.target_gguf),
+                          "--draft", str(tiny.draft_gguf), "--head", str(tiny_head), "--ctx", "256"],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert f"draft {tiny_head.name}: 1:" in run.stdout and "budget" in run.stdout
