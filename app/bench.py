@@ -12,7 +12,7 @@ import re
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -82,6 +82,9 @@ def config(name: str) -> BenchConfig:
     at most N nodes (to compare budgets side by side in one run)."""
     if name in CONFIGS:
         return CONFIGS[name]
+    if name == "adaptive-free":   # the adaptive budget without a plain arm on a CPU too (as on GPUs)
+        base = CONFIGS["adaptive"]
+        return BenchConfig(name, base.stages, replace(base.budget, plain_arm=False), base.draft_limits)
     m = re.fullmatch(r"adaptive-([0-9]+)", name)
     if m and 1 <= int(m.group(1)) <= 64:
         base = CONFIGS["adaptive"]

@@ -42,9 +42,11 @@ class TreeBudget:
 
     max_nodes: int = 16
     adaptive: bool = False
+    plain_arm: bool | None = None   # adaptive, with a cost curve: a plain arm beside the free one
+    # (None: where rounds are chosen one by one, CPUs; see arms())
 
     def arms(self, with_models: bool = True, pruned: bool = False,
-             with_free: bool = True, plain: bool = True) -> tuple[Arm, ...]:
+             with_free: bool = True, plain: bool = True, copy: bool = True) -> tuple[Arm, ...]:
         """Fixed: the one tree size. Adaptive: plain, free drafters alone, and all drafters, at a
         few sizes up to max_nodes (the model drafters at most 16: deeper guesses of a neural draft
         cost a forward each). pruned: each round keeps only the nodes that pay (prune.py), which
@@ -69,8 +71,8 @@ class TreeBudget:
         if pruned and plain:
             return (Arm(0), Arm(self.max_nodes, models=False), *full)
         if pruned:   # a GPU: Max-Gram's chains verified whole, as a second free arm
-            copy = (Arm(COPY_NODES, models=False, pruned=False),) if COPY_NODES < self.max_nodes else ()
-            return (Arm(self.max_nodes, models=False), *copy, *full)
+            whole = (Arm(COPY_NODES, models=False, pruned=False),) if copy and COPY_NODES < self.max_nodes else ()
+            return (Arm(self.max_nodes, models=False), *whole, *full)
         return (Arm(0), *(Arm(n, models=False) for n in sorted({*sizes, self.max_nodes})), *full)
 
 @dataclass(frozen=True)

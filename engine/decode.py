@@ -97,7 +97,8 @@ class Engine:
         with_models = self._has_models = any(d.uses_model for d in self.stages)
         arms = (budget.arms(with_models, pruned=costs is not None,
                             with_free=any(not d.uses_model for d in self.stages),
-                            plain=not gpu)
+                            plain=not gpu if budget.plain_arm is None else budget.plain_arm,
+                            copy=gpu)
                 if self.stages else (Arm(0),))
         self.dropped: tuple[Arm, ...] = ()
         if costs is not None and len(arms) > 1:
