@@ -89,3 +89,16 @@ def test_while_a_model_arm_leads_the_free_arm_is_probed_often(monkeypatch):
     assert end < 150 and late <= 2            # over, then only rare probes
     assert stretch_end(64)[0] > 190           # the usual schedule: still on the draft's arm
 
+
+
+def test_the_plain_arm_and_the_copy_arm_are_switches():
+    budget = TreeBudget(max_nodes=32, adaptive=True)
+    cpu = budget.arms(with_models=False, pruned=True, plain=True)
+    assert cpu == (Arm(0), Arm(32, models=False))
+    no_plain = budget.arms(with_models=False, pruned=True, plain=False, copy=False)
+    assert no_plain == (Arm(32, models=False),)          # the free arm stands in for plain
+    gpu = budget.arms(with_models=False, pruned=True, plain=False)
+    assert gpu == (Arm(32, models=False), Arm(8, models=False, pruned=False))
+
+    from localspec.app.bench import config
+    assert config("adaptive-free").budget.plain_arm is False and config("adaptive").budget.plain_arm is None
