@@ -26,7 +26,7 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
-from ..config import SamplingParams
+from ..config import DraftLimits, SamplingParams
 from ..distribution import Dist
 from ..tree import DraftTree, prob_hint
 
@@ -54,6 +54,11 @@ class GrowLimits:
     branching: int    # children per node
     width: int        # nodes evaluated per forward
     chain: int = 8    # cheaper stages' nodes checked along per forward (greedy vertical cascade)
+
+    @classmethod
+    def of(cls, budget: int, limits: DraftLimits) -> GrowLimits:
+        """This round's limits: `budget` nodes, grown as the drafter's `limits` say."""
+        return cls(budget, limits.max_depth, limits.branching, limits.width, limits.chain)
 
 
 class _Draws:

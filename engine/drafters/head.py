@@ -273,10 +273,8 @@ class HeadDrafter:
         if self._hidden is None or budget <= 0:
             return
         self._sampling = sampling
-        limits = GrowLimits(budget, self.limits.max_depth, self.limits.branching, self.limits.width,
-                            self.limits.chain)
         try:
-            grow(tree, stage, limits, sampling, rng, self)
+            grow(tree, stage, GrowLimits.of(budget, self.limits), sampling, rng, self)
         finally:
             self.rollback()
 

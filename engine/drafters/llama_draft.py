@@ -82,9 +82,7 @@ class LlamaDraft:
     def propose(self, tree: DraftTree, stage: int, budget: int, sampling: SamplingParams,
                 rng: np.random.Generator) -> None:
         room = self.model.n_ctx - len(self._context) - 1 - self.pad
-        limits = GrowLimits(budget=min(budget, room, self.model.n_seq_max - 1),
-                            max_depth=self.limits.max_depth, branching=self.limits.branching,
-                            width=self.limits.width, chain=self.limits.chain)
+        limits = GrowLimits.of(min(budget, room, self.model.n_seq_max - 1), self.limits)
         self._sampling = sampling
         self._tree = tree
         try:

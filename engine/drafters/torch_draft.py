@@ -146,10 +146,8 @@ class TorchDraft:
         if budget <= 0:
             return  # the draft's cache is full: this stage sits the round out
         self._sampling = sampling
-        limits = GrowLimits(budget, self.limits.max_depth, self.limits.branching, self.limits.width,
-                            self.limits.chain)
         try:
-            grow(tree, stage, limits, sampling, rng, self)
+            grow(tree, stage, GrowLimits.of(budget, self.limits), sampling, rng, self)
         finally:
             self.rollback()
 
