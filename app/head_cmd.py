@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import random
 import sys
 from pathlib import Path
@@ -52,15 +51,9 @@ def cmd_head(args: argparse.Namespace) -> int:
 
 
 def _info(path: Path) -> int:
-    import zipfile
+    from localspec.models.head_file import read_head
 
-    import numpy as np
-
-    try:
-        meta = json.loads(str(np.load(path, allow_pickle=False)["meta"]))
-    except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError) as err:
-        raise LocalspecError("Not a draft head", f"'{path}': {err}",
-                             "Pass a .npz written by `localspec head train`") from err
+    meta, _ = read_head(path)
     for key, value in meta.items():
         print(f"{key}: {value}")
     return 0

@@ -193,7 +193,8 @@ def train(corpus: Corpus, target_gguf: Path, out: Path, *, vocab_size: int = 327
     import torch
     import torch.nn.functional as F
 
-    from localspec.engine.drafters.head import HeadNet, save_head, target_tables
+    from localspec.engine.drafters.head import HeadNet, target_tables
+    from localspec.models.head_file import save_head
 
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     gen = torch.Generator().manual_seed(seed)
@@ -279,5 +280,5 @@ def train(corpus: Corpus, target_gguf: Path, out: Path, *, vocab_size: int = 327
             acc.append(round(float((logits[j].argmax(-1) == Y[s + j]).float().mean()), 4))
     info = {"n_embd": d, "vocab_size": full_vocab, "draft_vocab": k, "tokens": int(n),
             "steps": steps, "unroll": unroll, "held_out_top1": acc, **(meta or {})}
-    save_head(Path(out), net.float(), vocab, info)
+    save_head(Path(out), net.arrays(), vocab, info)
     return info

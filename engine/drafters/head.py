@@ -13,9 +13,7 @@ The root is drafted from (h, root); a deeper node from its parent's predicted st
 token, so a tree layer is one batched step: three d x d matmuls and one [V_sub, d] product, where
 the target runs its whole model. Trees grow through `grow` like the other neural drafters'.
 
-Weights are a .npz written by `localspec.models.head_train`: w_in [d, 2d], w1 [ff, d], w2 [d, ff],
-norm [d], vocab [V_sub] (target token ids, ascending) and meta (JSON: format, n_embd, the target's
-vocabulary size and file name). The frozen tables (the draft vocabulary's embedding and output
+Weights are a .npz (models/head_file.py) written by `localspec.models.head_train`. The frozen tables (the draft vocabulary's embedding and output
 rows) are read from the target's GGUF at load; other tokens' embedding rows when first met.
 
 Measured (README, "The draft head"): a step costs 0.25-0.30 ms on an H100/H200 as a CUDA graph,
@@ -24,15 +22,15 @@ which does not pay for the rows it adds to a verify there: it is experimental (`
 """
 from __future__ import annotations
 
-import json
 import time
-import zipfile
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from localspec.models.head_file import ARRAYS, bad_head, read_head
 
 from ..config import DraftLimits, SamplingParams
 from ..distribution import Dist
@@ -41,7 +39,6 @@ from ..tree import DraftTree
 from .grow import GrowLimits, grow
 from .torch_draft import greedy_rows, process_rows
 
-FORMAT = "localspec-head-1"
 _BUCKETS = (1, 2, 4, 8, 16, 32)   # rows a GPU step is padded to (one CUDA graph each)
 _EXTRA = 4096                     # embedding rows for tokens outside the draft vocabulary
 _EPS = 1e-6
@@ -68,25 +65,9 @@ class HeadNet(torch.nn.Module):
         return rms(u + self.w2(F.silu(self.w1(u)))) * self.norm
 
     def arrays(self) -> dict[str, np.ndarray]:
-        return {k: v.detach().float().cpu().numpy().astype(np.float16)
-                for k, v in (("w_in", self.w_in.weight), ("w1", self.w1.weight),
-                             ("w2", self.w2.weight), ("norm", self.norm))}
-
-
-def save_head(path: Path, net: HeadNet, vocab: np.ndarray, meta: dict) -> None:
-    """Write the head atomically (a temporary file renamed over `path`)."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        np.savez(f, **net.arrays(), vocab=np.asarray(vocab, np.int32),
-                 meta=np.array(json.dumps({"format": FORMAT, **meta})))
-    tmp.replace(path)
-
-
-def _bad_head(path: Path, why: str) -> LocalspecError:
-    return LocalspecError("Not a usable draft head", f"'{path}': {why}",
-                          "Train one for this target with `localspec head train` "
-                          "(or pass the head file made for this target)")
+        """The weights as the head file keeps them (models/head_file.py), float16."""
+        params = {"w_in": self.w_in.weight, "w1": self.w1.weight, "w2": self.w2.weight, "norm": self.norm}
+        return {k: params[k].detach().float().cpu().numpy().astype(np.float16) for k in ARRAYS}
 
 
 def _single_file(info):
@@ -120,19 +101,9 @@ class DraftHead:
     def __init__(self, path: str | Path, target_gguf: str | Path, *, n_embd: int, vocab_size: int,
                  device: str | None = None) -> None:
         path = Path(path).expanduser()
-        try:
-            with np.load(path, allow_pickle=False) as z:
-                meta = json.loads(str(z["meta"]))
-                arrays = {k: z[k] for k in ("w_in", "w1", "w2", "norm", "vocab")}
-            if not isinstance(meta, dict):
-                raise ValueError("its meta is not a JSON object")
-        except (OSError, ValueError, KeyError, IndexError, TypeError, AttributeError, zipfile.BadZipFile,
-                EOFError) as err:   # .npy: np.load gives an array, which has no ["meta"]
-            raise _bad_head(path, f"cannot read it ({type(err).__name__}: {err})") from err
-        if meta.get("format") != FORMAT:
-            raise _bad_head(path, f"format {meta.get('format')!r}, expected {FORMAT!r}")
+        meta, arrays = read_head(path)
         if meta.get("n_embd") != n_embd or meta.get("vocab_size") != vocab_size:
-            raise _bad_head(path, f"made for a target with hidden size {meta.get('n_embd')} and "
+            raise bad_head(path, f"made for a target with hidden size {meta.get('n_embd')} and "
                                   f"{meta.get('vocab_size')} tokens ({meta.get('target')}); this "
                                   f"target has {n_embd} and {vocab_size}")
         self.path, self.meta = path, meta

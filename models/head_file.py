@@ -1,0 +1,51 @@
+"""The draft head's file: a .npz of its weights, its draft vocabulary and a JSON meta.
+
+Arrays: w_in [d, 2d], w1 [ff, d], w2 [d, ff], norm [d] (float16), vocab [V_sub] (target token ids,
+ascending, int32). meta: format, n_embd, the target's vocabulary size and file name, what it was
+trained on and how well it guessed (engine/drafters/head.py runs it, models/head_train.py writes
+it). Reading needs numpy only, so `localspec head info` does not load torch.
+"""
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+from localspec.engine.errors import LocalspecError
+
+FORMAT = "localspec-head-1"
+ARRAYS = ("w_in", "w1", "w2", "norm")
+
+
+def save_head(path: Path, arrays: dict[str, np.ndarray], vocab: np.ndarray, meta: dict) -> None:
+    """Write the head atomically (a temporary file renamed over `path`)."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        np.savez(f, **arrays, vocab=np.asarray(vocab, np.int32),
+                 meta=np.array(json.dumps({"format": FORMAT, **meta})))
+    tmp.replace(path)
+
+
+def bad_head(path: Path, why: str) -> LocalspecError:
+    return LocalspecError("Not a usable draft head", f"'{path}': {why}",
+                          "Train one for this target with `localspec head train` "
+                          "(or pass the head file made for this target)")
+
+
+def read_head(path: Path) -> tuple[dict, dict[str, np.ndarray]]:
+    """A head file's meta (checked to be this format) and arrays; a clear error for anything else."""
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            meta = json.loads(str(z["meta"]))
+            arrays = {k: z[k] for k in (*ARRAYS, "vocab")}
+        if not isinstance(meta, dict):
+            raise ValueError("its meta is not a JSON object")
+    except (OSError, ValueError, KeyError, IndexError, TypeError, AttributeError, zipfile.BadZipFile,
+            EOFError) as err:   # .npy: np.load gives an array, which has no ["meta"]
+        raise bad_head(path, f"cannot read it ({type(err).__name__}: {err})") from err
+    if meta.get("format") != FORMAT:
+        raise bad_head(path, f"format {meta.get('format')!r}, expected {FORMAT!r}")
+    return meta, arrays
