@@ -57,8 +57,7 @@ class Target:
         if tokens:
             self.model.prefill(list(tokens), self.n_past)
             self.n_past += len(tokens)
-            # the row of the last chunk's last token (with hidden states, a chunk of its own)
-            self._hidden_at = 0 if self.model.hidden else (len(tokens) - 1) % self.model.n_batch
+            self._hidden_at = 0   # with hidden states prefill decodes its last token alone (read only then)
 
     def last_hidden(self) -> np.ndarray | None:
         """[n_embd] the target's final hidden state at the token before the root (whose logits

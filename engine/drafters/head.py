@@ -30,6 +30,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from localspec.models.gguf_file import GGUFInfo, read_gguf, tensor_rows
 from localspec.models.head_file import ARRAYS, bad_head, read_head
 
 from ..config import DraftLimits, SamplingParams
@@ -42,6 +43,7 @@ from .torch_draft import greedy_rows, process_rows
 _BUCKETS = (1, 2, 4, 8, 16, 32)   # rows a GPU step is padded to (one CUDA graph each)
 _EXTRA = 4096                     # embedding rows for tokens outside the draft vocabulary
 _EPS = 1e-6
+_EMB, _OUT, _NORM = "token_embd.weight", "output.weight", "output_norm.weight"
 
 
 def rms(x: torch.Tensor) -> torch.Tensor:
@@ -70,10 +72,11 @@ class HeadNet(torch.nn.Module):
         return {k: params[k].detach().float().cpu().numpy().astype(np.float16) for k in ARRAYS}
 
 
-def _single_file(info):
-    """A GGUF whose tables a head reads: one file (a split model's tables may sit in later parts)."""
-    if int(info.metadata.get("split.count", 1) or 1) > 1 or not {
-            "token_embd.weight", "output_norm.weight"} <= set(info.tensors):
+def target_info(path: str | Path) -> GGUFInfo:
+    """The target's GGUF, as a head reads its tables: one file (a split model's tables may sit in
+    later parts)."""
+    info = read_gguf(Path(path))
+    if int(info.metadata.get("split.count", 1) or 1) > 1 or not {_EMB, _NORM} <= set(info.tensors):
         raise LocalspecError("Draft heads need a one-file target",
                              f"'{info.path}' is part of a split model (or lacks its embedding)",
                              "Merge the parts into one .gguf (llama.cpp's gguf-split --merge), "
@@ -81,18 +84,20 @@ def _single_file(info):
     return info
 
 
-def target_tables(gguf_path: Path, vocab: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """From the target's GGUF: the token embedding [V, d], its output rows for `vocab` (None:
-    all) [len(vocab), d] and the output norm [d], float32, dequantised from the memory-mapped file."""
-    from localspec.models.gguf_file import read_gguf, tensor_rows
-
-    info = _single_file(read_gguf(gguf_path))
-    emb = tensor_rows(info, "token_embd.weight")
-    if "output.weight" not in info.tensors:    # tied embeddings: the embedding is the output
-        out = emb if vocab is None else emb[np.asarray(vocab, np.int64)]
+def target_tables(target: str | Path | GGUFInfo, vocab: np.ndarray | None, emb_rows: np.ndarray | None = None
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """From the target's GGUF (its path, or `target_info`): the token embedding's rows `emb_rows`
+    (None: all) [., d], the output rows for `vocab` (None: all) [., d] and the output norm [d],
+    float32, dequantised from the memory-mapped file."""
+    info = target if isinstance(target, GGUFInfo) else target_info(target)
+    emb = tensor_rows(info, _EMB, emb_rows)
+    if _OUT in info.tensors:
+        out = tensor_rows(info, _OUT, vocab)
+    elif emb_rows is vocab:                    # tied embeddings: the embedding is the output
+        out = emb
     else:
-        out = tensor_rows(info, "output.weight", vocab)
-    return emb, out, tensor_rows(info, "output_norm.weight").reshape(-1)
+        out = emb[np.asarray(vocab, np.int64)] if emb_rows is None else tensor_rows(info, _EMB, vocab)
+    return emb, out, tensor_rows(info, _NORM).reshape(-1)
 
 
 class DraftHead:
@@ -111,14 +116,8 @@ class DraftHead:
         self.device = dev
         self.dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
         self.vocab = arrays["vocab"].astype(np.int64)                          # [V_sub]
-        from localspec.models.gguf_file import read_gguf, tensor_rows
-
-        self._gguf = _single_file(read_gguf(Path(target_gguf)))
-        self._rows = tensor_rows
-        emb_name = "token_embd.weight"
-        out_name = "output.weight" if "output.weight" in self._gguf.tensors else emb_name
-        emb = tensor_rows(self._gguf, emb_name, self.vocab)                    # [V_sub, d]
-        out = emb if out_name == emb_name else tensor_rows(self._gguf, out_name, self.vocab)
+        self._gguf = target_info(target_gguf)
+        emb, out, _ = target_tables(self._gguf, self.vocab, emb_rows=self.vocab)   # [V_sub, d] each
         self.net = HeadNet(n_embd, arrays["w1"].shape[0])
         with torch.no_grad():
             for name in ("w_in", "w1", "w2"):
@@ -155,7 +154,7 @@ class DraftHead:
                 self._slot[self._extra] = -1
                 self._extra.clear()
                 missing = sorted({int(t) for t in ids[self._slot[ids] < 0]})   # this batch's too
-            rows = self._rows(self._gguf, "token_embd.weight", missing)
+            rows = tensor_rows(self._gguf, _EMB, missing)
             at = base + len(self._extra)
             with torch.inference_mode():
                 self.emb[at:at + len(missing)] = torch.from_numpy(rows).to(self.device, self.dtype)
