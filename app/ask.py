@@ -47,6 +47,9 @@ def add_ask(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tree-nodes", type=int, default=DEFAULT_TREE_NODES, help="largest draft tree per round")
     p.add_argument("--gpu-layers", type=int, default=-1, help="layers to offload to the GPU (-1 all)")
     p.add_argument("--stats", action="store_true", help="print speculation statistics to stderr")
+    p.add_argument("--exact", action="store_true",
+                   help="batch-invariant numerics (CPU only, slower): greedy speculation emits exactly "
+                        "plain decoding's tokens, bit for bit")
     p.set_defaults(run=cmd_ask)
 
 
@@ -108,7 +111,7 @@ def open_session(p: AskPlan, args: argparse.Namespace):
     return Session(EngineConfig(model=model, draft=draft if p.use_draft else None,
                                 head=head_path(args.head),
                                 speculation=p.settings.speculation, personal=p.personal,
-                                n_ctx=args.ctx, n_gpu_layers=args.gpu_layers,
+                                n_ctx=args.ctx, n_gpu_layers=args.gpu_layers, exact=args.exact,
                                 budget=TreeBudget(max_nodes=args.tree_nodes, adaptive=True)))
 
 

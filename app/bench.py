@@ -175,19 +175,24 @@ def _engines(target_session: Session, draft_model, store,
     return engines
 
 
+_STAGE_OPTION = {"draft": "a draft model (--draft)", "ngram": "an n-gram store (--learn)",
+                 "head": "a draft head (--head)", "maxgram": "nothing"}
+
+
 def run_bench(target: Path, draft: Path | None, prompts: Sequence[Prompt], names: Sequence[str],
               max_tokens: int, sampling: SamplingParams, n_ctx: int, store=None,
               progress: Callable[[str], None] = lambda s: None, check: bool = True,
-              torch_draft: bool = False, head: Path | None = None) -> dict:
+              torch_draft: bool = False, head: Path | None = None, exact: bool = False) -> dict:
     """Run every configuration on every prompt; the report. `store`: the n-gram store the "ngram"
     stage reads (configurations with that stage are skipped without one). `check`: HumanEval
     pass@1 for prompts that carry a problem. `torch_draft`: run the draft in PyTorch (a
     transformers folder always is; a .gguf is dequantised), on the GPU with CUDA graphs.
     `head`: a draft head for the "head" configurations (the target then hands back its hidden
-    states in every configuration, plain included)."""
+    states in every configuration, plain included). `exact`: the target in batch-invariant
+    numerics (plain too), where greedy configurations must match plain token for token."""
     max_nodes = max(config(n).budget.max_nodes for n in names)
     uses_head = head is not None and any("head" in config(n).stages for n in names)
-    session = Session(EngineConfig(target, speculation=True, maxgram=False, n_ctx=n_ctx,
+    session = Session(EngineConfig(target, speculation=True, maxgram=False, n_ctx=n_ctx, exact=exact,
                                    head=head if uses_head else None,
                                    budget=TreeBudget(max_nodes=max_nodes)))
     draft_model = None
@@ -208,6 +213,12 @@ def run_bench(target: Path, draft: Path | None, prompts: Sequence[Prompt], names
         else:
             head_costs = None
         engines = _engines(session, draft_model, store, names, costs, head_costs)
+        have = {"draft": draft_model is not None, "ngram": store is not None,
+                "head": session.head is not None, "maxgram": True}
+        for name in names:
+            if name not in engines:
+                needs = [_STAGE_OPTION[s] for s in config(name).stages if not have[s]]
+                progress(f"skipped {name}: it needs {' and '.join(needs)}")
         results = {name: ConfigResult(name) for name in engines}
         started = time.time()
         for i, prompt in enumerate(prompts):
@@ -327,6 +338,7 @@ def _report(results: dict[str, ConfigResult], target: Path, draft: Path | None, 
                      "stages": acc})
     return {"machine": {"cpu": platform.processor() or platform.machine(), "threads": default_threads(),
                         "gpu_offload": gpu_offload_supported(), "gpu_layers": model.n_gpu_layers},
+            "numerics": "exact" if model.exact else "fast",
             "target": str(target), "draft": str(draft) if draft else None, "prompts": n,
             "max_tokens": max_tokens, "temperature": sampling.temperature, "wall_seconds": round(wall, 1),
             "rows": rows}
@@ -334,7 +346,8 @@ def _report(results: dict[str, ConfigResult], target: Path, draft: Path | None, 
 
 def format_table(report: dict) -> str:
     lines = [f"{report['prompts']} prompts, {report['max_tokens']} max new tokens, "
-             f"T={report['temperature']}, machine: {report['machine']}",
+             f"T={report['temperature']}, machine: {report['machine']}"
+             + (", exact numerics" if report.get("numerics") == "exact" else ""),
              f"{'config':<14}{'tok/s':>8}{'speedup':>9}{'tok/call':>10}{'identical':>11}{'max gap':>9}"
              f"{'pass@1':>9}  acceptance",
              "-" * 90]

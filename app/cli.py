@@ -49,6 +49,10 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=cmd_generate)
 
 
+EXACT_HELP = ("batch-invariant numerics (CPU only, slower): greedy speculation emits exactly "
+              "plain decoding's tokens, bit for bit")
+
+
 def _add_model_options(p: argparse.ArgumentParser, model_required: bool = True) -> None:
     p.add_argument("--model", required=model_required,
                    help="target model: a .gguf file or an installed model's name (localspec list)")
@@ -68,6 +72,7 @@ def _add_model_options(p: argparse.ArgumentParser, model_required: bool = True) 
     p.add_argument("--gpu-layers", type=int, default=-1, help="layers to offload to the GPU (-1 all)")
     p.add_argument("--no-personal", action="store_true",
                    help="do not use the personal n-gram drafter built from your chats")
+    p.add_argument("--exact", action="store_true", help=EXACT_HELP)
 
 
 def _sampling(args: argparse.Namespace):
@@ -91,7 +96,7 @@ def _open_session(args: argparse.Namespace):
     return Session(EngineConfig(model=model, draft=draft, head=head_path(args.head),
                                 speculation=not args.no_speculation, n_ctx=args.ctx,
                                 personal=not args.no_personal,
-                                n_gpu_layers=args.gpu_layers,
+                                n_gpu_layers=args.gpu_layers, exact=args.exact,
                                 budget=TreeBudget(max_nodes=args.tree_nodes,
                                                   adaptive=not args.fixed_budget)))
 
@@ -184,6 +189,7 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
                         "(needs the gguf package), a transformers folder always runs in PyTorch")
     p.add_argument("--head", help="a draft head trained for the target (`localspec head train`): "
                                   "the head and adaptive-head configurations")
+    p.add_argument("--exact", action="store_true", help=EXACT_HELP + " (plain runs exact too)")
     p.add_argument("--out", default="bench-out", help="folder for bench.json and bench.png")
     p.set_defaults(run=cmd_bench)
 
@@ -224,6 +230,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         report = bench.run_bench(model, draft, prompts, names, args.max_tokens, sampling, args.ctx,
                                  store=store, check=not args.no_exec, torch_draft=args.torch_draft,
                                  head=Path(args.head).expanduser() if args.head else None,
+                                 exact=args.exact,
                                  progress=lambda line: print(line, file=sys.stderr, flush=True))
     finally:
         store.close()
@@ -259,7 +266,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         check_head_path(head_file)
         from localspec.engine import torch_lm  # noqa: F401  (torch before llama.cpp)
         draft = None                             # the head takes the draft model's place
-    target = LlamaModel(model, n_ctx=args.ctx, n_seq_max=2, n_gpu_layers=args.gpu_layers)
+    target = LlamaModel(model, n_ctx=args.ctx, n_seq_max=2, n_gpu_layers=args.gpu_layers,
+                        exact=args.exact)
     drafter = None
     try:
         if draft is not None and draft.suffix == ".gguf":
@@ -323,6 +331,9 @@ def set_network_mode(command: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     set_network_mode(args.command)
+    if getattr(args, "exact", False):
+        from localspec.engine.llama_model import exact_environment
+        exact_environment()   # before any model computes in this process
     try:
         return args.run(args)
     except LocalspecError as err:

@@ -205,6 +205,7 @@ def open_session(spec: EngineSpec) -> Session:
                                 speculation=spec.speculation,
                                 personal=spec.personal, n_ctx=spec.n_ctx,
                                 n_gpu_layers=spec.n_gpu_layers, n_threads=spec.n_threads,
+                                exact=spec.exact,
                                 budget=TreeBudget(max_nodes=spec.tree_nodes, adaptive=True)))
 
 

@@ -46,6 +46,7 @@ class EngineSpec:
     n_threads: int | None = None
     use_draft: bool = True      # False: no draft model, not even an installed model's own
     head: str | None = None     # a draft head trained for the model (localspec head train)
+    exact: bool = False         # batch-invariant numerics (CPU): speculation emits plain decoding's tokens
 
 
 # ---- events -------------------------------------------------------------------------------------

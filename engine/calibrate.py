@@ -179,7 +179,8 @@ def _fingerprint(models: Sequence[LlamaModel]) -> str:
     for model in models:
         st = model.path.stat()
         parts += [str(model.path.resolve()), str(st.st_size), str(int(st.st_mtime)),
-                  str(model.n_gpu_layers), str(model.n_threads), str(model.n_batch)]
+                  str(model.n_gpu_layers), str(model.n_threads), str(model.n_batch),
+                  "exact" if getattr(model, "exact", False) else "fast"]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:20]
 
 

@@ -38,6 +38,16 @@ def last_log() -> str:
     return " | ".join(line for line in list(_LOG)[-3:] if line) or "no message from llama.cpp"
 
 
+EXACT_FIX = "Run exact numerics on the CPU (--gpu-layers 0), or leave out --exact"
+
+
+def exact_environment() -> None:
+    """What exact numerics need from the process: ggml's tiled CPU matmul (taken from 8 rows of a
+    batch up) sums in another order than the one-row path, and ggml reads its switch once, at
+    the process's first quantised matmul: so this must run before any model computes."""
+    os.environ["GGML_CPU_TILED_MM"] = "0"
+
+
 def gpu_offload_supported() -> bool:
     return bool(lc.llama_supports_gpu_offload())
 
@@ -51,14 +61,32 @@ class LlamaModel:
 
     def __init__(self, path: str | Path, *, n_ctx: int = 4096, n_batch: int = 512,
                  n_seq_max: int = 64, n_gpu_layers: int = -1, n_threads: int | None = None,
-                 n_pad_seqs: int = 0, hidden: bool = False) -> None:
+                 n_pad_seqs: int = 0, hidden: bool = False, exact: bool = False) -> None:
         """n_seq_max: sequence ids 0..n_seq_max-1 for the caller; n_pad_seqs more after them are
         reserved for padding (decode's pad_to). hidden: every decode also hands back the final
-        hidden state of each row with logits (`hidden_row`), what a draft head drafts from."""
+        hidden state of each row with logits (`hidden_row`), what a draft head drafts from.
+
+        exact: batch-invariant numerics, CPU only. Each row of a batch gets the logits it would
+        get decoded alone, bit for bit, so verifying a draft tree computes what plain decoding
+        computes and greedy speculation emits plain decoding's tokens exactly (by default
+        llama.cpp's batched matmuls sum in another order: differences up to ~0.4, which flip
+        near-ties, ../shared/docs/METHOD.md). It costs speed: no repacked weights (their batched
+        kernel differs from the one-row kernel), flash attention on (its per-row loop is the
+        same for 1..63 rows), no tiled matmul (`exact_environment`). Checked at load."""
         self.info: GGUFInfo = read_gguf(path)
         self.path = self.info.path
+        self.exact = exact
+        gpu_layers = n_gpu_layers if gpu_offload_supported() else 0
+        if exact and gpu_layers != 0:
+            raise LocalspecError("Exact numerics run on the CPU only",
+                                 "llama.cpp's CUDA kernels change with the number of tokens in a "
+                                 "batch", EXACT_FIX)
+        if exact:
+            exact_environment()
         mparams = lc.llama_model_default_params()
-        mparams.n_gpu_layers = n_gpu_layers if gpu_offload_supported() else 0
+        mparams.n_gpu_layers = gpu_layers
+        if exact:
+            mparams.use_extra_bufts = False
         self._model = lc.llama_model_load_from_file(str(self.path).encode(), mparams)
         if not self._model:
             raise LocalspecError("llama.cpp could not load the model",
@@ -76,6 +104,8 @@ class LlamaModel:
         cparams.n_seq_max = n_seq_max + n_pad_seqs
         cparams.kv_unified = True
         cparams.no_perf = True
+        if exact:
+            cparams.flash_attn_type = lc.LLAMA_FLASH_ATTN_TYPE_ENABLED
         threads = self.n_threads = n_threads or default_threads()
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
@@ -108,6 +138,40 @@ class LlamaModel:
         self._pick: slice | np.ndarray | None = None   # the rows asked for, where llama.cpp output all
         self._logits_views: dict[tuple[int, int], np.ndarray] = {}   # (address, rows) -> view
         self._piece = ctypes.create_string_buffer(256)
+        if exact:
+            try:
+                self._check_exact()
+            except BaseException:
+                self.close()
+                raise
+
+    _EXACT_PROBE = 9   # rows: past ggml's 8-row switch to its tiled matmul
+
+    def _check_exact(self) -> None:
+        """Exact mode's promise, checked on this machine: a batch's logits equal the same tokens'
+        logits decoded one at a time, bit for bit."""
+        n = min(self._EXACT_PROBE, self.n_batch, self.n_ctx)
+        tokens = (np.arange(n, dtype=np.int64) * 7919 + 13) % self.vocab_size
+        pos = self._ramp[:n]
+        alone = np.empty((n, self.vocab_size), dtype=np.float32)
+        try:
+            for i in range(n):
+                self.decode(tokens[i:i + 1], pos[i:i + 1])
+                alone[i] = self.logits()[0]
+            self.clear()
+            self.decode(tokens, pos)
+            same = np.array_equal(self.logits(), alone)
+        finally:
+            self.clear()
+        if not same:
+            raise LocalspecError("Exact numerics are not available for this model here",
+                                 f"'{self.path.name}': a batch of {n} tokens got other logits than "
+                                 "the same tokens one at a time. Weights in F32, F16, BF16 or Q4_0 "
+                                 "take llama.cpp's batched sgemm on x86, and ggml reads its tiled-"
+                                 "matmul switch once, at a process's first quantised matmul",
+                                 "Use a K-quant GGUF (Q4_K_M, Q5_K_M, Q6_K: what `localspec pull` "
+                                 "installs) in a process where no model computed before, or leave "
+                                 "out --exact")
 
     # ---- vocabulary -------------------------------------------------------------------------
     def tokenize(self, text: str, *, special: bool = True, add_bos: bool | None = None) -> list[int]:

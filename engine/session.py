@@ -22,6 +22,8 @@ from .errors import LocalspecError, vocab_mismatch
 from .llama_model import LlamaModel
 from .target import Target
 
+EXACT_MAX_ROWS = 63   # ggml's CPU flash attention sums rows alone below its 64-row tile
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -40,6 +42,8 @@ class EngineConfig:
     head_limits: DraftLimits = field(default_factory=lambda: HEAD_LIMITS)
     calibrate: bool = True            # adaptive budget: measure batch costs (cached) to prune tree sizes
     stable_shapes: bool | None = None  # keep batch shapes steady for CUDA graphs; None: when offloaded to a GPU
+    exact: bool = False               # batch-invariant numerics (CPU): greedy speculation emits plain
+                                      # decoding's tokens bit for bit (LlamaModel's exact)
 
 
 def _check_same_vocab(target: LlamaModel, draft: LlamaModel) -> None:
@@ -128,11 +132,16 @@ class Session:
             if cfg.head is not None:
                 from . import torch_lm  # noqa: F401  (torch before llama.cpp, as with a torch draft)
         n_seq = max(2, cfg.budget.max_nodes + 1) if cfg.speculation else 1
+        if cfg.exact and cfg.speculation and cfg.budget.max_nodes + 2 > EXACT_MAX_ROWS:
+            raise LocalspecError("Tree too large for exact numerics",
+                                 f"--tree-nodes {cfg.budget.max_nodes}: a verify of more than "
+                                 f"{EXACT_MAX_ROWS} rows takes llama.cpp's tiled attention",
+                                 f"Use --tree-nodes {EXACT_MAX_ROWS - 2} or fewer with --exact")
         self.model = LlamaModel(cfg.model, n_ctx=cfg.n_ctx, n_seq_max=n_seq,
                                 n_gpu_layers=cfg.n_gpu_layers, n_threads=cfg.n_threads,
                                 n_batch=max(512, cfg.budget.max_nodes + 2),
                                 n_pad_seqs=cfg.budget.max_nodes + 1 if cfg.speculation else 0,
-                                hidden=cfg.speculation and cfg.head is not None)
+                                hidden=cfg.speculation and cfg.head is not None, exact=cfg.exact)
         target = Target(self.model)
         stages: list[Drafter] = []
         self.store = None

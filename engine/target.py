@@ -7,6 +7,14 @@ it, at position n_past + depth. So each node attends to the context and its own 
 else. `commit` is the one method that rolls the cache back: it keeps the accepted path (root
 included) as sequence 0 and removes every other tree node, leaving the cache as if only the
 accepted tokens had ever been evaluated.
+
+Exact numerics (LlamaModel's exact) also need the cache's cells in position order: ggml's CPU flash
+attention sums over cells in cell order, and llama.cpp puts a batch's tokens into the first free
+cells, so a hole left by a rejected node before an accepted one would take a later token and
+change the sums. There a commit keeps only the batch's accepted prefix in place (its rows are
+cells in order after the context, and every cell after them goes, leaving no hole); accepted
+nodes behind a rejected row are decoded again at the head of the next batch (`_pending`), their
+logits already known and their KV recomputed bit for bit.
 """
 from __future__ import annotations
 
@@ -27,6 +35,9 @@ class Target:
         self._alone = False                  # the last verify decoded its root alone, unpadded
         self._pos = np.zeros(model.n_batch, np.int32)
         self._hidden_at = -1                 # batch row of the root's parent in the last decode
+        self._exact = model.exact
+        self._pending: list[int] = []        # exact mode: committed tokens not in the cache yet
+        self._row0 = 0                       # batch row of the tree's root in the last verify
 
     @property
     def vocab_size(self) -> int:
@@ -39,13 +50,14 @@ class Target:
     @property
     def room(self) -> int:
         """Cache cells left for a tree (the root included)."""
-        return self.model.n_ctx - self.n_past
+        return self.model.n_ctx - self.n_past - len(self._pending)
 
     def reset(self) -> None:
         self.model.clear()
         self.n_past = 0
         self._layout = None
         self._hidden_at = -1
+        self._pending = []
 
     def prefill(self, tokens: Sequence[int]) -> None:
         """Evaluate committed tokens (not the root) into sequence 0."""
@@ -54,8 +66,10 @@ class Target:
                                  f"{self.n_past + len(tokens) + 1} tokens, context holds {self.model.n_ctx}",
                                  "Shorten the prompt, or raise the context with --ctx "
                                  f"(the model was trained for {self.model.n_ctx_train})")
+        tokens = self._pending + list(tokens)
+        self._pending = []
         if tokens:
-            self.model.prefill(list(tokens), self.n_past)
+            self.model.prefill(tokens, self.n_past)
             self.n_past += len(tokens)
             self._hidden_at = 0   # with hidden states prefill decodes its last token alone (read only then)
 
@@ -80,19 +94,34 @@ class Target:
         """
         layout = tree.layout()
         n_paths = len(layout.leaf_seq)
+        k = len(self._pending)
         n = (max(tree.n + 1, pad_to) if top_up else max(tree.n, pad_to)) if pad_to else tree.n
-        if n_paths > self.model.n_seq_max or n > min(self.model.n_batch, self.room):
+        if n_paths > self.model.n_seq_max or n + k > min(self.model.n_batch, self.room + k):
             raise ValueError(f"tree of {tree.n} nodes / {n_paths} paths (padded to {n}) exceeds the "
                              "target's limits")
         for seq in range(1, n_paths):
             self.model.seq_cp(0, seq, -1, -1)
-        pos = self._pos[:tree.n]
-        np.add(layout.depth, self.n_past, out=pos)               # [tree.n] position of each node
-        self.model.decode(tree.tokens[:tree.n], pos, layout.seq_ids, logits=True,
-                          pad_to=n if pad_to else 0, top_up=top_up)
+        pos = self._pos[:k + tree.n]
+        np.add(layout.depth, self.n_past + k, out=pos[k:])      # [tree.n] position of each node
+        self._row0 = k
         self._layout = layout
         self._alone = tree.n == 1 and not pad_to
-        return self.model.logits()[:tree.n]
+        if not k:
+            self.model.decode(tree.tokens[:tree.n], pos, layout.seq_ids, logits=True,
+                              pad_to=n if pad_to else 0, top_up=top_up)
+            return self.model.logits()[:tree.n]
+        # exact mode: the pending tokens first, seen by every path
+        pos[:k] = np.arange(self.n_past, self.n_past + k)
+        tokens = np.concatenate([np.asarray(self._pending, np.int32), tree.tokens[:tree.n]])
+        seq_ids = (tuple(range(n_paths)),) * k + layout.seq_ids
+        self._pending = []
+        if pad_to:
+            self.model.decode(tokens, pos, seq_ids, pad_to=n + k, top_up=top_up)
+            return self.model.logits()[k:k + tree.n]
+        mask = np.ones(k + tree.n, bool)
+        mask[:k] = False
+        self.model.decode(tokens, pos, seq_ids, logits=mask)
+        return self.model.logits()
 
     def commit(self, tree: DraftTree, path: Sequence[int]) -> None:
         """Keep the root and the accepted `path` (node indices, root excluded) in sequence 0."""
@@ -100,13 +129,17 @@ class Target:
         if layout is None:
             raise RuntimeError("commit() without a verify()")
         last = path[-1] if path else 0
-        self._hidden_at = last          # tree node i is batch row i
+        k = self._row0                  # pending tokens decoded ahead of the tree
+        self._hidden_at = k + last      # tree node i is batch row k + i
+        self._layout = None
         if self._alone:   # a root decoded alone in sequence 0, unpadded: nothing to roll back
-            self.n_past += 1
-            self._layout = None
+            self.n_past += k + 1
             return
         seq = layout.leaf_seq[tree.first_leaf_below(last)]
-        end = self.n_past + int(tree.depth[last])                # position of the last kept node
+        kept = len(path)
+        if self._exact:   # only the batch's accepted prefix stays: nodes 0..kept-1 are rows 0..kept-1
+            kept = next((i for i, node in enumerate(path) if node != i + 1), len(path))
+            self._pending = [int(tree.tokens[node]) for node in path[kept:]]
+        end = self.n_past + k + kept           # position of the last node kept in the cache
         self.model.keep_path(seq, end)
         self.n_past = end + 1
-        self._layout = None

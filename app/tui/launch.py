@@ -21,7 +21,7 @@ def run_chat(args: argparse.Namespace) -> int:
     if args.no_personal:
         settings = replace(settings, stages=tuple(s for s in settings.stages if s != "personal"))
     spec = EngineSpec(model="", n_ctx=args.ctx, n_gpu_layers=args.gpu_layers,
-                      tree_nodes=args.tree_nodes, head=args.head)
+                      tree_nodes=args.tree_nodes, head=args.head, exact=args.exact)
     with History.open() as history:
         ChatApp(settings, history, engine_spec=spec, notice=notice).run()
     return 0

@@ -1,0 +1,173 @@
+"""Exact numerics (`--exact`): llama.cpp made batch-invariant on the CPU, where greedy speculation
+must emit plain decoding's tokens bit for bit, with no near-tie allowance (by default llama.cpp's
+batched matmuls sum in another order than one-row decodes, ../shared/docs/METHOD.md)."""
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import llama_cpp as lc
+import numpy as np
+import pytest
+
+from localspec.engine import llama_model
+from localspec.engine import session as session_module
+from localspec.engine.budget import AdaptiveBudget
+from localspec.engine.calibrate import Costs
+from localspec.engine.config import DraftLimits, TreeBudget
+from localspec.engine.errors import LocalspecError
+from localspec.engine.llama_model import LlamaModel
+from localspec.engine.session import EngineConfig, Session
+from localspec.engine.target import Target
+from localspec.engine.tree import DraftTree
+
+from test_greedy_equality import PROMPTS, prompt_tokens
+
+MAX_TOKENS = 48
+CONFIGS = {
+    "maxgram": (False, True, TreeBudget(max_nodes=8), DraftLimits()),
+    "gguf-tree": (True, False, TreeBudget(max_nodes=16), DraftLimits(max_depth=5, branching=2, width=4)),
+    "gguf-wide": (True, False, TreeBudget(max_nodes=32), DraftLimits(max_depth=3, branching=4, width=8)),
+    "staged-adaptive": (True, True, TreeBudget(max_nodes=16, adaptive=True),
+                        DraftLimits(max_depth=6, branching=2, width=4)),
+}
+
+
+@pytest.fixture(scope="module")
+def quantised(tiny, tmp_path_factory) -> Path:
+    """The tiny target in Q5_1. Its matmuls take ggml's row-by-row kernel in batches too; F32
+    weights take llamafile's batched sgemm, which sums otherwise (its own test below)."""
+    out = tmp_path_factory.mktemp("exact") / "target-q5_1.gguf"
+    params = lc.llama_model_quantize_default_params()
+    params.ftype = lc.LLAMA_FTYPE_MOSTLY_Q5_1
+    rc = lc.llama_model_quantize(str(tiny.target_gguf).encode(), str(out).encode(), ctypes.byref(params))
+    assert rc == 0, f"llama_model_quantize returned {rc}"
+    return out
+
+
+@pytest.fixture(scope="module")
+def plain_exact(quantised):
+    session = Session(EngineConfig(quantised, speculation=False, n_ctx=512, n_threads=1, exact=True))
+    outputs = {}
+    for kind, text in PROMPTS:
+        tokens = prompt_tokens(session, kind, text)
+        outputs[(kind, text)] = (tokens, session.run(tokens, max_tokens=MAX_TOKENS).tokens)
+    yield outputs
+    session.close()
+
+
+def test_exact_tree_batch_rows_equal_each_path_decoded_alone(quantised):
+    """A tree batch (two branches, shared root) gives every node the logits its path gets one
+    token at a time, bit for bit: the rows' own kernels, not a batched one."""
+    model = LlamaModel(quantised, n_ctx=256, n_seq_max=4, n_threads=1, exact=True)
+    try:
+        prompt = model.tokenize("def add(a, b):\n    return a + b\n\nclass Counter:\n")
+        start = len(prompt)
+        a, b = [11, 12, 13, 14], [21, 22, 23]
+        # root, then branch a (seq 0) and branch b (seq 1) interleaved: their cells alternate
+        tokens = [5, a[0], b[0], a[1], b[1], a[2], b[2], a[3]]
+        pos = [start, start + 1, start + 1, start + 2, start + 2, start + 3, start + 3, start + 4]
+        seqs = [(0, 1), (0,), (1,), (0,), (1,), (0,), (1,), (0,)]
+        model.prefill(prompt, 0)
+        model.seq_cp(0, 1)
+        model.decode(tokens, pos, seqs)
+        tree = model.logits().copy()
+        for branch, rows in ((a, [0, 1, 3, 5, 7]), (b, [0, 2, 4, 6])):
+            model.clear()
+            model.prefill(prompt, 0)
+            for i, token in enumerate([5] + branch):
+                model.decode([token], [start + i])
+                assert np.array_equal(model.logits()[0], tree[rows[i]]), f"node {rows[i]}"
+    finally:
+        model.close()
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_exact_speculation_emits_plain_tokens(tiny, quantised, plain_exact, name, tmp_path, monkeypatch):
+    monkeypatch.setenv("LOCALSPEC_DATA_DIR", str(tmp_path))
+    use_draft, maxgram, budget, limits = CONFIGS[name]
+    if budget.adaptive:   # a flat, GPU-like curve, so the rounds speculate (test_greedy_equality)
+        flat = Costs({1: 1e-3, 2: 1.05e-3, 4: 1.1e-3, 8: 1.2e-3, 16: 1.4e-3, 32: 1.8e-3},
+                     {1: 1e-4, 2: 1.1e-4, 4: 1.2e-4, 8: 1.3e-4})
+        monkeypatch.setattr(session_module, "calibrate", lambda *a, **k: flat)
+    session = Session(EngineConfig(quantised, draft=tiny.draft_gguf if use_draft else None, maxgram=maxgram,
+                                   n_ctx=512, n_threads=1, budget=budget, draft_limits=limits, exact=True))
+    if session.engine.controller is not None:
+        session.engine.controller = AdaptiveBudget(session.engine.controller.arms, explore_every=1)
+    accepted = rejected = 0
+    try:
+        for kind, text in PROMPTS:
+            tokens, expect = plain_exact[(kind, text)]
+            result = session.run(tokens, max_tokens=MAX_TOKENS)
+            assert result.tokens == expect, f"{name}: {kind} {text[:30]!r}"
+            accepted += sum(sum(s.accepted) for s in result.stats.stages)
+            rejected += sum(sum(s.proposed) - sum(s.accepted) for s in result.stats.stages)
+    finally:
+        session.close()
+    assert accepted > 0 and rejected > 0, f"{name}: accepted {accepted}, rejected {rejected}"
+
+
+def test_exact_refuses_a_model_whose_batches_sum_otherwise(tiny):
+    with pytest.raises(LocalspecError, match="Exact numerics are not available") as err:
+        LlamaModel(tiny.target_gguf, n_ctx=256, n_seq_max=2, n_threads=1, exact=True)
+    assert "K-quant" in err.value.fix
+
+
+def test_exact_refuses_gpu_offload_before_loading(tiny, monkeypatch):
+    monkeypatch.setattr(llama_model, "gpu_offload_supported", lambda: True)
+    monkeypatch.setattr(llama_model.lc, "llama_model_load_from_file",
+                        lambda *a: pytest.fail("loaded a model it should have refused"))
+    with pytest.raises(LocalspecError, match="CPU only") as err:
+        LlamaModel(tiny.target_gguf, n_gpu_layers=-1, exact=True)
+    assert "--gpu-layers 0" in err.value.fix
+
+
+def test_exact_refuses_trees_past_the_attention_tile(quantised):
+    with pytest.raises(LocalspecError, match="Tree too large") as err:
+        Session(EngineConfig(quantised, exact=True, n_ctx=512, budget=TreeBudget(max_nodes=64)))
+    assert "--tree-nodes 61" in err.value.fix
+
+
+def _hole_round(model: LlamaModel, prompt: list[int], ordered: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Verify a tree whose accepted path sits behind a rejected row, commit it, verify the next
+    root; the logits of the accepted nodes and of the next root. ordered False: the commit of
+    the default mode (rejected cells freed in place, holes before accepted cells)."""
+    target = Target(model)
+    target._exact = ordered
+    target.reset()
+    target.prefill(prompt[:-1])
+    tree = DraftTree(16)
+    tree.reset(prompt[-1])
+    rejected = tree.add(0, 40, 0.0, 0)         # row 1: rejected
+    y = tree.add(0, 41, 0.0, 0)                # row 2: accepted
+    tree.add(rejected, 42, 0.0, 0)             # row 3: rejected
+    z = tree.add(y, 43, 0.0, 0)                # row 4: accepted
+    first = target.verify(tree)[[y, z]].copy()
+    target.commit(tree, [y, z])
+    nxt = DraftTree(4)
+    nxt.reset(44)
+    nxt.add(0, 45, 0.0, 0)
+    second = target.verify(nxt).copy()
+    return first, second
+
+
+def test_exact_commit_behind_a_rejected_row_keeps_bitwise_logits(quantised):
+    """The accepted path's nodes sit behind rejected rows: exact mode decodes them again at the
+    head of the next batch, so the next round computes what one-at-a-time decoding computes."""
+    model = LlamaModel(quantised, n_ctx=256, n_seq_max=8, n_threads=1, exact=True)
+    try:
+        prompt = model.tokenize("class Counter:\n    def __init__(self):\n        self.n = 0\n")
+        first, second = _hole_round(model, prompt, ordered=True)
+        model.clear()
+        model.prefill(prompt[:-1], 0)
+        alone = []
+        for i, token in enumerate([prompt[-1], 41, 43, 44, 45]):
+            model.decode([token], [len(prompt) - 1 + i])
+            alone.append(model.logits()[0].copy())
+        assert np.array_equal(first, np.array(alone[1:3]))
+        assert np.array_equal(second, np.array(alone[3:5]))
+        # the default mode's commit leaves holes that the next batch fills: other sums
+        _, unordered = _hole_round(model, prompt, ordered=False)
+        assert not np.array_equal(unordered, np.array(alone[3:5]))
+    finally:
+        model.close()
