@@ -106,6 +106,7 @@ class ConfigResult:
     outputs: list[list[int]] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)
     pruned: int = 0
+    redecoded: int = 0
     budget: dict = field(default_factory=dict)
     phases: dict[str, float] = field(default_factory=dict)
 
@@ -119,6 +120,7 @@ class ConfigResult:
         self.seconds += st.decode_seconds
         self.target_calls += st.target_calls
         self.pruned += st.pruned
+        self.redecoded += st.redecoded
         self.budget = st.budget or self.budget   # the adaptive controller's state after this prompt
         for phase, sec in st.seconds.items():
             self.phases[phase] = self.phases.get(phase, 0.0) + sec
@@ -331,6 +333,7 @@ def _report(results: dict[str, ConfigResult], target: Path, draft: Path | None, 
                      "tokens": r.tokens, "seconds": round(r.seconds, 2),
                      "tokens_per_call": round(r.tokens / max(1, r.target_calls), 3),
                      "target_calls": r.target_calls, "pruned_nodes": r.pruned,
+                     "redecoded": r.redecoded,
                      "seconds_by_phase": {k: round(v, 3) for k, v in r.phases.items()},
                      "budget": r.budget,
                      "identical": f"{r.identical}/{r.prompts}",

@@ -120,6 +120,7 @@ class Engine:
         self._acceptance = (prune.AcceptanceModel(len(self.stages))
                             if costs is not None and self.stages else None)
         self._kept = DraftTree(capacity=max(2, budget.max_nodes + 1))
+        self._ordered = DraftTree(capacity=max(2, budget.max_nodes + 1)) if target.exact else None
         self._held = 0            # rounds left on the current arm (stable shapes)
         self._arm = 0
         self._plain_before = True  # the last round verified the root alone
@@ -186,6 +187,10 @@ class Engine:
                 self._propose(tree, shape, sampling, rng)
             self._pruned_from = None
             tree = self._prune(tree, stats, shape)
+            if self._ordered is not None and tree.n > 2:   # exact numerics: likeliest path first
+                score = (self._acceptance.node_probs(tree).tolist() if self._acceptance is not None
+                         else tree.logp[:tree.n].tolist())
+                tree = tree.copy_depth_first(self._ordered, score)
             t1 = time.perf_counter()
             rows = self._verify(tree, shape)
             self._plain_before = tree.n <= 1
@@ -193,6 +198,7 @@ class Engine:
             walk = self._walk(tree, rows, sampling, rng)
             t3 = time.perf_counter()
             self.target.commit(tree, walk.path)
+            stats.redecoded += self.target.pending
             t4 = time.perf_counter()
             stats.record_round(tree, walk.path)
             new = [int(tree.tokens[n]) for n in walk.path] + [walk.token]

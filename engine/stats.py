@@ -44,6 +44,7 @@ class DecodeStats:
     target_calls: int = 0
     drafted_tokens: int = 0         # emitted tokens that came from drafts
     pruned: int = 0                 # drafted nodes not verified: expected to cost more than they return
+    redecoded: int = 0              # exact numerics: accepted tokens decoded again (a rejected row preceded them)
     seconds: dict[str, float] = field(default_factory=lambda: {p: 0.0 for p in PHASES})
     budget: dict = field(default_factory=dict)   # adaptive budget: measured tok/s per node budget
 
@@ -79,7 +80,7 @@ class DecodeStats:
 
     def to_dict(self) -> dict:
         return {"prompt_tokens": self.prompt_tokens, "tokens": self.tokens,
-                "target_calls": self.target_calls, "pruned": self.pruned,
+                "target_calls": self.target_calls, "pruned": self.pruned, "redecoded": self.redecoded,
                 "tokens_per_call": round(self.tokens_per_call, 3),
                 "tokens_per_second": round(self.tokens_per_second, 2),
                 "seconds": {k: round(v, 4) for k, v in self.seconds.items()},
@@ -89,7 +90,9 @@ class DecodeStats:
         lines = [f"{self.tokens} tokens in {self.decode_seconds:.2f}s = {self.tokens_per_second:.1f} tok/s "
                  f"(prompt {self.prompt_tokens} tokens, prefill {self.seconds['prefill']:.2f}s)",
                  f"target calls {self.target_calls}, tokens per call {self.tokens_per_call:.2f}"
-                 + (f", drafted nodes pruned before verification {self.pruned}" if self.pruned else "")]
+                 + (f", drafted nodes pruned before verification {self.pruned}" if self.pruned else "")
+                 + (f", accepted tokens decoded again (exact numerics) {self.redecoded}"
+                    if self.redecoded else "")]
         for s in self.stages:
             by_depth = " ".join(f"{a}/{p}" for a, p in zip(s.accepted, s.proposed))
             lines.append(f"  {s.name}: accepted {sum(s.accepted)}/{sum(s.proposed)} "

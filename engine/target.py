@@ -52,6 +52,15 @@ class Target:
         """Cache cells left for a tree (the root included)."""
         return self.model.n_ctx - self.n_past - len(self._pending)
 
+    @property
+    def exact(self) -> bool:
+        return self._exact
+
+    @property
+    def pending(self) -> int:
+        """Exact numerics: accepted tokens to decode again at the head of the next batch."""
+        return len(self._pending)
+
     def reset(self) -> None:
         self.model.clear()
         self.n_past = 0

@@ -98,6 +98,33 @@ class DraftTree:
                         int(self.drafter[i]), self.proposal[i], int(self.hint[i]))
         return out
 
+    def copy_depth_first(self, out: DraftTree, score: list[float] | None = None) -> DraftTree:
+        """`out` := this tree in depth-first order, each node's likeliest child (highest `score`;
+        None: the first) visited first, so the likeliest path becomes nodes 0..d: the batch
+        prefix exact numerics keep in place when it is accepted (target.py). Sibling lists keep
+        their order (sampling tries children in it); returns `out`."""
+        out.reset(int(self.tokens[0]))
+        new = [0] * self.n                     # old node -> new node
+        stack = self._visit_order(0, score)
+        while stack:
+            node = stack.pop()
+            new[node] = out.add(new[int(self.parent[node])], int(self.tokens[node]), float(self.logp[node]),
+                                int(self.drafter[node]), self.proposal[node], int(self.hint[node]))
+            stack.extend(self._visit_order(node, score))
+        if score is not None:
+            for node in range(self.n):
+                if len(self.children[node]) > 1:
+                    out.children[new[node]][:] = [new[c] for c in self.children[node]]
+        return out
+
+    def _visit_order(self, node: int, score: list[float] | None) -> list[int]:
+        """`node`'s children as a stack (the one to visit first last)."""
+        kids = self.children[node]
+        if score is None or len(kids) < 2:
+            return kids[::-1]
+        ranked = sorted(range(len(kids)), key=lambda j: (score[kids[j]], -j))
+        return [kids[j] for j in ranked]
+
     def child_tokens(self, node: int) -> list[int]:
         return [int(self.tokens[c]) for c in self.children[node]]
 

@@ -144,6 +144,7 @@ def _hole_round(model: LlamaModel, prompt: list[int], ordered: bool) -> tuple[np
     z = tree.add(y, 43, 0.0, 0)                # row 4: accepted
     first = target.verify(tree)[[y, z]].copy()
     target.commit(tree, [y, z])
+    assert target.pending == (2 if ordered else 0)     # y and z sit behind the rejected row 1
     nxt = DraftTree(4)
     nxt.reset(44)
     nxt.add(0, 45, 0.0, 0)
