@@ -6,7 +6,7 @@ MODELS ?= $(HOME)/.cache/localspec-bench
 
 .PHONY: install chat test test-fast bench-models wheel clean
 
-$(VENV)/.installed: pyproject.toml packaging/build-llama-wheel.sh
+$(VENV)/.installed: pyproject.toml packaging/build-llama-wheel.sh $(wildcard packaging/patches/*.patch)
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# CPU build of torch: the local 2.13.0 file where it exists, else PyTorch's CPU index

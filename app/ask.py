@@ -111,7 +111,8 @@ def open_session(p: AskPlan, args: argparse.Namespace):
     return Session(EngineConfig(model=model, draft=draft if p.use_draft else None,
                                 head=head_path(args.head),
                                 speculation=p.settings.speculation, personal=p.personal,
-                                n_ctx=args.ctx, n_gpu_layers=args.gpu_layers, exact=args.exact,
+                                n_ctx=args.ctx, n_gpu_layers=args.gpu_layers,
+                                exact=args.exact or p.settings.exact,
                                 budget=TreeBudget(max_nodes=args.tree_nodes, adaptive=True)))
 
 

@@ -40,6 +40,7 @@ class Settings:
     stages: tuple[str, ...] = STAGES
     system_prompt: str = ""
     show_sources: bool = False         # colour each token by the drafter that proposed it
+    exact: bool = False                # exact numerics (CPU): speculation emits plain decoding's tokens
 
     def __post_init__(self) -> None:
         problems = []
@@ -77,7 +78,7 @@ class Settings:
         values = {k: v for k, v in raw.items() if k in known}
         if "stages" in values:
             values["stages"] = tuple(values["stages"])
-        for name in ("speculation", "show_sources"):
+        for name in ("speculation", "show_sources", "exact"):
             if name in values and not isinstance(values[name], bool):
                 raise ValueError(f"{name} {values[name]!r} (want true or false)")
         return cls(**values)

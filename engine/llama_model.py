@@ -38,14 +38,35 @@ def last_log() -> str:
     return " | ".join(line for line in list(_LOG)[-3:] if line) or "no message from llama.cpp"
 
 
-EXACT_FIX = "Run exact numerics on the CPU (--gpu-layers 0), or leave out --exact"
+EXACT_FIX = ("Run exact numerics on the CPU (--gpu-layers 0), or turn them off (leave out --exact; "
+             "in the chat, the settings' Exact numerics switch)")
 
 
 def exact_environment() -> None:
-    """What exact numerics need from the process: ggml's tiled CPU matmul (taken from 8 rows of a
-    batch up) sums in another order than the one-row path, and ggml reads its switch once, at
-    the process's first quantised matmul: so this must run before any model computes."""
+    """What exact numerics need from the process. ggml's tiled CPU matmul (taken from 8 rows of
+    a batch up) sums in another order than the one-row path, and ggml reads its switch once, at
+    the process's first quantised matmul: so this must run before any model computes. ggml's
+    flash attention splits a single query's KV cells over threads once 512 are in view (a
+    context past 256 tokens), which a batch's rows never do; localspec's build
+    (packaging/patches) reads GGML_CPU_FA_SPLIT_KV on every call."""
     os.environ["GGML_CPU_TILED_MM"] = "0"
+    os.environ["GGML_CPU_FA_SPLIT_KV"] = "0"
+
+
+def has_split_kv_switch() -> bool:
+    """Whether the llama.cpp libraries loaded carry packaging/patches' GGML_CPU_FA_SPLIT_KV."""
+    try:
+        from llama_cpp import llama_cpp as raw
+        folder = Path(raw._lib._name).resolve().parent
+    except (AttributeError, OSError):
+        return False
+    for lib in sorted(folder.glob("libggml-cpu*.so*")) + sorted(folder.glob("libggml-cpu*.dylib")):
+        try:
+            if hasattr(ctypes.CDLL(str(lib)), "localspec_fa_split_kv_switch"):
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def gpu_offload_supported() -> bool:
@@ -81,6 +102,13 @@ class LlamaModel:
             raise LocalspecError("Exact numerics run on the CPU only",
                                  "llama.cpp's CUDA kernels change with the number of tokens in a "
                                  "batch", EXACT_FIX)
+        if exact and not has_split_kv_switch():
+            raise LocalspecError("Exact numerics need localspec's llama.cpp build",
+                                 "the llama.cpp libraries loaded lack packaging/patches' switch for "
+                                 "ggml's split-KV attention (contexts past 256 tokens would part "
+                                 "from plain decoding)",
+                                 "Reinstall with `make install` (it builds llama-cpp-python with "
+                                 "packaging/patches), or turn exact numerics off")
         if exact:
             exact_environment()
         mparams = lc.llama_model_default_params()
@@ -170,8 +198,8 @@ class LlamaModel:
                                  "take llama.cpp's batched sgemm on x86, and ggml reads its tiled-"
                                  "matmul switch once, at a process's first quantised matmul",
                                  "Use a K-quant GGUF (Q4_K_M, Q5_K_M, Q6_K: what `localspec pull` "
-                                 "installs) in a process where no model computed before, or leave "
-                                 "out --exact")
+                                 "installs) in a process where no model computed before, or turn "
+                                 "exact numerics off (--exact, or the chat settings' switch)")
 
     # ---- vocabulary -------------------------------------------------------------------------
     def tokenize(self, text: str, *, special: bool = True, add_bos: bool | None = None) -> list[int]:

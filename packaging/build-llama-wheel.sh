@@ -19,11 +19,11 @@ args+=" -DGGML_AVX512_VNNI=$(has avx512_vnni) -DGGML_AVX512_BF16=$(has avx512_bf
 args+=" -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
 args+=" -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF"
 args+=" -DLLAMA_BUILD_SERVER=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF"
-patches=""
+# every build carries packaging/patches (see packaging/README.md): one CUDA graph per batch shape
+# (CUDA), and a switch for ggml's split-KV attention that exact numerics turn off (CPU)
+patches=$(ls "$(dirname "$0")"/patches/*.patch 2>/dev/null || true)
 if [ "${LOCALSPEC_CUDA:-0}" = 1 ]; then
   args+=" -DGGML_CUDA=on"
-  # CUDA builds carry packaging/patches: one CUDA graph per batch shape (see packaging/README.md)
-  patches=$(ls "$(dirname "$0")"/patches/*.patch 2>/dev/null || true)
 fi
 stamp="$ver $args $($python -c 'import sys; print(sys.version_info[:2])')"
 if [ -n "$patches" ]; then stamp+=" $(cat $patches | sha256sum)"; fi
@@ -39,7 +39,10 @@ if [ -z "$whl" ]; then
     $python -m pip download -q --no-cache-dir --no-deps --no-binary=:all: "$src" -d "$tmp/sdist" >&2
     tar xzf "$tmp"/sdist/llama_cpp_python-*.tar.gz -C "$tmp/sdist"
     src=$(ls -d "$tmp"/sdist/llama_cpp_python-*/)
-    for patch in $patches; do patch -s -p1 -d "$src" < "$patch"; done
+    for p in $patches; do
+      if command -v patch >/dev/null; then patch -s -p1 -d "$src" < "$p"
+      else (cd "$src" && git apply -p1 "$(cd "$(dirname "$p")" && pwd)/$(basename "$p")"); fi
+    done
   fi
   CMAKE_ARGS="$args" CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
     $python -m pip wheel -q --no-cache-dir --no-deps --no-binary=llama-cpp-python "$src" -w "$tmp" >&2

@@ -107,6 +107,33 @@ def test_exact_speculation_emits_plain_tokens(tiny, quantised, plain_exact, name
     assert accepted > 0 and rejected > 0, f"{name}: accepted {accepted}, rejected {rejected}"
 
 
+def test_exact_rows_past_256_cells_of_context_equal_one_at_a_time(quantised):
+    """Past 256 cells ggml's flash attention views 512 and splits a single query's cells over
+    threads; exact numerics switch that off (packaging/patches), so long contexts stay exact."""
+    assert llama_model.has_split_kv_switch(), "llama.cpp was built without packaging/patches"
+    model = LlamaModel(quantised, n_ctx=1024, n_seq_max=2, n_threads=2, exact=True)
+    try:
+        context = [(7 * i + 3) % model.vocab_size for i in range(300)]
+        model.prefill(context, 0)
+        tokens = [11, 12, 13, 14, 15]
+        alone = []
+        for i, token in enumerate(tokens):
+            model.decode([token], [300 + i])
+            alone.append(model.logits()[0].copy())
+        model.seq_rm(0, 300, -1)
+        model.decode(tokens, list(range(300, 305)))
+        assert np.array_equal(model.logits(), np.array(alone))
+    finally:
+        model.close()
+
+
+def test_exact_refuses_a_llama_cpp_without_the_split_kv_switch(quantised, monkeypatch):
+    monkeypatch.setattr(llama_model, "has_split_kv_switch", lambda: False)
+    with pytest.raises(LocalspecError, match="localspec's llama.cpp build") as err:
+        LlamaModel(quantised, n_ctx=256, exact=True)
+    assert "make install" in err.value.fix
+
+
 def test_exact_refuses_a_model_whose_batches_sum_otherwise(tiny):
     with pytest.raises(LocalspecError, match="Exact numerics are not available") as err:
         LlamaModel(tiny.target_gguf, n_ctx=256, n_seq_max=2, n_threads=1, exact=True)

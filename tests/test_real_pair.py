@@ -23,6 +23,8 @@ PROMPTS = [
 ]
 MAX_TOKENS = 48
 # material to copy: long accepted runs, and rounds whose rejected nodes leave holes in the KV cells
+# past 256 tokens of context, where ggml's attention views 512 cells (its split-KV path)
+LONG_PROMPT = "".join(f"def f{i}(x):\n    return x * {i} + {i * i}\n\n" for i in range(30)) + "def f30(x):\n"
 EDIT_PROMPT = ('def mean(xs):\n    """Return the mean of xs."""\n    total = 0\n    for x in xs:\n'
                '        total += x\n    return total / len(xs)\n\n\n# the same function, with type hints\n'
                'def mean(xs: list[float]) -> float:\n')
@@ -63,7 +65,7 @@ def test_real_pair_exact_speculation_equals_plain_token_for_token(real_pair, tmp
     spec = Session(EngineConfig(target, draft=draft, n_ctx=1024, exact=True,
                                 budget=TreeBudget(max_nodes=12)))
     try:
-        for text in PROMPTS + [EDIT_PROMPT]:
+        for text in PROMPTS + [EDIT_PROMPT, LONG_PROMPT]:
             tokens = plain.raw_prompt(text)
             want = plain.run(tokens, max_tokens=MAX_TOKENS)
             got = spec.run(tokens, max_tokens=MAX_TOKENS)

@@ -214,3 +214,21 @@ async def test_rename_conversation(tmp_path):
         assert str(sidebar.children[0].query_one("Label").render()) == "Reversing strings"
         await pilot.press("f2", "escape")                     # Esc cancels
         assert app.history.conversation(conv.id).title == "Reversing strings"
+
+
+def test_a_head_given_at_launch_goes_with_its_model_only(tmp_path):
+    """`chat --head FILE`: the head was trained for the model the chat started with; a model
+    picked later in the settings starts without it (instead of being refused)."""
+    from dataclasses import replace
+
+    from localspec.app.engine_proc import EngineSpec
+
+    history = History.open(tmp_path / "history.sqlite")
+    try:
+        app = ChatApp(Settings(model="coder"), history,
+                      engine_spec=EngineSpec(model="", head="coder-head.npz", exact=True))
+        assert app.spec_for(app.settings).head == "coder-head.npz"
+        other = app.spec_for(replace(app.settings, model="other"))
+        assert other.head is None and other.model == "other" and other.exact
+    finally:
+        history.close()

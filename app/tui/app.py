@@ -66,6 +66,7 @@ class ChatApp(App):
         self.settings, self.history = settings, history
         self.engine_factory, self.settings_file = engine_factory, settings_file
         self.base_spec = engine_spec or EngineSpec(model="")
+        self.head_model = settings.model   # a --head was trained for the model chat started with
         self.startup_notice = notice
         self.engine: Engine | None = None
         self.chat: ChatScreen | None = None
@@ -105,7 +106,9 @@ class ChatApp(App):
     def spec_for(self, s: Settings) -> EngineSpec:
         return replace(self.base_spec, model=s.model or "", draft=s.draft,
                        use_draft="draft" in s.stages, speculation=s.speculation,
-                       personal="personal" in s.stages)
+                       personal="personal" in s.stages,
+                       head=self.base_spec.head if s.model == self.head_model else None,
+                       exact=self.base_spec.exact or s.exact)
 
     def start_engine(self) -> None:
         self.stop_engine()

@@ -92,6 +92,7 @@ class SettingsScreen(ModalScreen[Settings | None]):
                             *[Checkbox(stage, stage in s.stages, id=f"stage-{stage}", compact=True)
                               for stage in STAGES])
             yield from _row("Colour tokens by drafter", Switch(s.show_sources, id="show_sources"))
+            yield from _row("Exact numerics (CPU, slower)", Switch(s.exact, id="exact"))
             yield Label("System prompt")
             yield TextArea(s.system_prompt, id="system_prompt", classes="system-prompt")
             yield Label("", id="settings-error")
@@ -116,7 +117,8 @@ class SettingsScreen(ModalScreen[Settings | None]):
                 speculation=self.query_one("#speculation", Switch).value,
                 stages=tuple(s for s in STAGES if self.query_one(f"#stage-{s}", Checkbox).value),
                 system_prompt=self.query_one("#system_prompt", TextArea).text,
-                show_sources=self.query_one("#show_sources", Switch).value)
+                show_sources=self.query_one("#show_sources", Switch).value,
+                exact=self.query_one("#exact", Switch).value)
         except ValueError as err:
             self.query_one("#settings-error", Label).update(f"Not saved: {err}")
             return
