@@ -195,6 +195,7 @@ def run_bench(target: Path, draft: Path | None, prompts: Sequence[Prompt], names
     max_nodes = max(config(n).budget.max_nodes for n in names)
     uses_head = head is not None and any("head" in config(n).stages for n in names)
     session = Session(EngineConfig(target, speculation=True, maxgram=False, n_ctx=n_ctx, exact=exact,
+                                   n_gpu_layers=0 if exact else -1,   # exact numerics run on the CPU
                                    head=head if uses_head else None,
                                    budget=TreeBudget(max_nodes=max_nodes)))
     draft_model = None

@@ -286,6 +286,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         print(f"draft {draft.name}: " + "  ".join(f"{n}: {ms} ms" for n, ms in costs.to_dict()["draft_ms"].items()))
     if costs.switch:
         print(f"changing the batch shape and back (CUDA graphs rebuilt): {1e3 * costs.switch:.2f} ms")
+    floor = os.environ.get("GGML_CPU_TILED_MM_MIN")
+    if target.n_gpu_layers == 0 and floor is not None and not args.exact:
+        print(f"ggml's tiled matmul from {floor} batch rows (measured: fewer rows go row by row)")
     arms = TreeBudget(max_nodes=args.tree_nodes, adaptive=True).arms(
         with_models=draft is not None, pruned=True, plain=target.n_gpu_layers == 0)
     # what generate and chat draft with: the engine judges by the same
@@ -331,9 +334,6 @@ def set_network_mode(command: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     set_network_mode(args.command)
-    if getattr(args, "exact", False):
-        from localspec.engine.llama_model import exact_environment
-        exact_environment()   # before any model computes in this process
     try:
         return args.run(args)
     except LocalspecError as err:

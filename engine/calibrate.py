@@ -30,7 +30,7 @@ import llama_cpp as lc
 import numpy as np
 
 from .budget import Arm
-from .llama_model import LlamaModel
+from .llama_model import TILED_MIN, LlamaModel, exact_in_process, has_tiled_min_switch
 
 SIZES = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32)
 OPTIMISTIC = 0.9      # per-token acceptance assumed when asking "could this budget ever win?"
@@ -45,6 +45,7 @@ _REPS = 5
 # 3.02x against 1.87x and 3.37x (HumanEval all 164: 1.03x against 1.05x), same code otherwise.
 _METHOD = "v1"
 _BURST = 4            # decodes in a row per size on a GPU: llama.cpp replays a CUDA graph from the third
+TILED_FROM = 8        # ggml's own floor for its tiled K-quant matmul (packaging/patches lets us move it)
 
 
 @dataclass(frozen=True)
@@ -152,6 +153,28 @@ def measure(models: Sequence[LlamaModel], sizes: Sequence[Sequence[int]],
         for model, _, _ in plans:
             model.clear()
     return [best for _, _, best in plans]
+
+
+def tiled_floor(target: LlamaModel, tiled: dict[int, float]) -> tuple[int, dict[int, float]]:
+    """The fewest batch rows from which ggml's tiled matmul is at least as fast as its row-by-row
+    path at every measured size, and the curve that floor gives. `tiled` was measured as ggml
+    ships (tiled from TILED_FROM rows). On the 2-core EPYC the tiled path lost at 8-24 rows
+    (8 rows 227 ms against 171) and won for prefill (512 tokens 4.6 s against 5.4): verifies
+    then go row by row and prompts tiled. Leaves the target's cache empty."""
+    big = [n for n in sorted(tiled) if n >= TILED_FROM]
+    if not big:
+        return TILED_FROM, tiled
+    before = os.environ.get(TILED_MIN)
+    os.environ[TILED_MIN] = str(1 << 30)
+    try:
+        rows = measure([target], [big])[0]
+    finally:
+        if before is None:
+            os.environ.pop(TILED_MIN, None)
+        else:
+            os.environ[TILED_MIN] = before
+    floor = next((s for s in big if all(tiled[n] <= rows[n] for n in big if n >= s)), big[-1] + 1)
+    return floor, {n: (tiled[n] if n >= floor else rows.get(n, tiled[n])) for n in tiled}
 
 
 def measure_switch(model: LlamaModel, big: int, steady: dict[int, float], pairs: int = 8) -> float:
@@ -272,7 +295,18 @@ def calibrate(target: LlamaModel, draft: LlamaModel | None, max_nodes: int,
     sizes = sorted({n for n in SIZES if n <= top} | {top})
     models, wanted = ([target], [sizes]) if draft is None else ([target, draft], [sizes, DRAFT_SIZES])
     path = cache_path(models, cache_dir or default_cache_dir())
+    steer = target.n_gpu_layers == 0 and not exact_in_process() and has_tiled_min_switch()
+    if steer:
+        os.environ[TILED_MIN] = str(TILED_FROM)   # a fresh curve is measured as ggml ships
     curves = cached_curves(models, wanted, path.parent, refresh, path)
+    if steer:
+        data = read_json(path)
+        floor = data.get("tiled_min")
+        if not isinstance(floor, int) or refresh:
+            floor, curves[0] = tiled_floor(target, curves[0])
+            write_json(path, {**data, "tiled_min": floor,
+                              "seconds": [{str(n): s for n, s in c.items()} for c in curves]})
+        os.environ[TILED_MIN] = str(floor)
     switch = 0.0
     if target.n_gpu_layers != 0 and top in curves[0]:
         data = read_json(path)

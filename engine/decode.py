@@ -198,7 +198,7 @@ class Engine:
             walk = self._walk(tree, rows, sampling, rng)
             t3 = time.perf_counter()
             self.target.commit(tree, walk.path)
-            stats.redecoded += self.target.pending
+            stats.redecoded = self.target.redecoded
             t4 = time.perf_counter()
             stats.record_round(tree, walk.path)
             new = [int(tree.tokens[n]) for n in walk.path] + [walk.token]

@@ -38,35 +38,76 @@ def last_log() -> str:
     return " | ".join(line for line in list(_LOG)[-3:] if line) or "no message from llama.cpp"
 
 
-EXACT_FIX = ("Run exact numerics on the CPU (--gpu-layers 0), or turn them off (leave out --exact; "
-             "in the chat, the settings' Exact numerics switch)")
+EXACT_FIX = ("Run exact numerics on the CPU (--gpu-layers 0), or leave out --exact (in the chat: "
+             "switch off Exact numerics in the settings)")
 
 
-def exact_environment() -> None:
-    """What exact numerics need from the process. ggml's tiled CPU matmul (taken from 8 rows of
-    a batch up) sums in another order than the one-row path, and ggml reads its switch once, at
-    the process's first quantised matmul: so this must run before any model computes. ggml's
-    flash attention splits a single query's KV cells over threads once 512 are in view (a
-    context past 256 tokens), which a batch's rows never do; localspec's build
-    (packaging/patches) reads GGML_CPU_FA_SPLIT_KV on every call."""
-    os.environ["GGML_CPU_TILED_MM"] = "0"
-    os.environ["GGML_CPU_FA_SPLIT_KV"] = "0"
+TILED_MIN = "GGML_CPU_TILED_MM_MIN"   # packaging/patches: fewest batch rows on ggml's tiled matmul
+EXACT_MAX_ROWS = 63   # ggml's CPU flash attention sums each row alone below its 64-row tile
+_EXACT_ENV = {TILED_MIN: str(1 << 30), "GGML_CPU_FA_SPLIT_KV": "0"}
+_exact_models = 0                        # exact models open in this process
+_env_before: dict[str, str | None] = {}
 
 
-def has_split_kv_switch() -> bool:
-    """Whether the llama.cpp libraries loaded carry packaging/patches' GGML_CPU_FA_SPLIT_KV."""
+def _exact_acquire() -> None:
+    """What exact numerics need from the process, through packaging/patches' switches (read by
+    ggml on every call, process-wide, so held while any exact model is open). ggml's tiled
+    K-quant matmul, taken from 8 rows of a batch up, sums in another order than the one-row
+    path: its row floor goes out of reach. ggml's flash attention splits a single query's KV
+    cells over threads once 512 are in view (a context past 256 tokens), which a batch's rows
+    never do: off."""
+    global _exact_models
+    if _exact_models == 0:
+        _env_before.clear()
+        _env_before.update({k: os.environ.get(k) for k in _EXACT_ENV})
+        os.environ.update(_EXACT_ENV)
+    _exact_models += 1
+
+
+def _exact_release() -> None:
+    global _exact_models
+    _exact_models -= 1
+    if _exact_models == 0:
+        for key, value in _env_before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def exact_in_process() -> bool:
+    """Whether an exact model is open in this process (its switches are process-wide)."""
+    return _exact_models > 0
+
+
+def _has_marker(symbol: str) -> bool:
+    """Whether a llama.cpp library next to the one llama-cpp-python loaded exports `symbol` (the
+    CPU backend is its own library in llama-cpp-python's builds, or linked into ggml or llama)."""
     try:
         from llama_cpp import llama_cpp as raw
         folder = Path(raw._lib._name).resolve().parent
-    except (AttributeError, OSError):
+    except (AttributeError, OSError, TypeError):
         return False
-    for lib in sorted(folder.glob("libggml-cpu*.so*")) + sorted(folder.glob("libggml-cpu*.dylib")):
+    libs = [f for pattern in ("libggml*.so*", "libllama*.so*", "libggml*.dylib", "libllama*.dylib")
+            for f in sorted(folder.glob(pattern))]
+    for lib in libs:
         try:
-            if hasattr(ctypes.CDLL(str(lib)), "localspec_fa_split_kv_switch"):
+            if hasattr(ctypes.CDLL(str(lib)), symbol):
                 return True
         except OSError:
             continue
     return False
+
+
+def has_split_kv_switch() -> bool:
+    """Whether the llama.cpp libraries loaded carry packaging/patches' switches (exact numerics
+    need both: GGML_CPU_FA_SPLIT_KV and GGML_CPU_TILED_MM_MIN)."""
+    return _has_marker("localspec_fa_split_kv_switch") and _has_marker("localspec_tiled_mm_min_switch")
+
+
+def has_tiled_min_switch() -> bool:
+    """Whether GGML_CPU_TILED_MM_MIN (packaging/patches) steers ggml's tiled matmul here."""
+    return _has_marker("localspec_tiled_mm_min_switch")
 
 
 def gpu_offload_supported() -> bool:
@@ -93,7 +134,8 @@ class LlamaModel:
         llama.cpp's batched matmuls sum in another order: differences up to ~0.4, which flip
         near-ties, ../shared/docs/METHOD.md). It costs speed: no repacked weights (their batched
         kernel differs from the one-row kernel), flash attention on (its per-row loop is the
-        same for 1..63 rows), no tiled matmul (`exact_environment`). Checked at load."""
+        same for 1..63 rows), no tiled matmul and no split-KV attention (`_exact_acquire`).
+        Checked at load."""
         self.info: GGUFInfo = read_gguf(path)
         self.path = self.info.path
         self.exact = exact
@@ -104,13 +146,14 @@ class LlamaModel:
                                  "batch", EXACT_FIX)
         if exact and not has_split_kv_switch():
             raise LocalspecError("Exact numerics need localspec's llama.cpp build",
-                                 "the llama.cpp libraries loaded lack packaging/patches' switch for "
-                                 "ggml's split-KV attention (contexts past 256 tokens would part "
-                                 "from plain decoding)",
+                                 "the llama.cpp libraries loaded lack packaging/patches' switches "
+                                 "for ggml's split-KV attention and tiled matmul (batches and "
+                                 "contexts past 256 tokens would part from plain decoding)",
                                  "Reinstall with `make install` (it builds llama-cpp-python with "
-                                 "packaging/patches), or turn exact numerics off")
+                                 "packaging/patches), or leave out --exact")
         if exact:
-            exact_environment()
+            _exact_acquire()
+            self._holds_exact = True
         mparams = lc.llama_model_default_params()
         mparams.n_gpu_layers = gpu_layers
         if exact:
@@ -194,12 +237,11 @@ class LlamaModel:
         if not same:
             raise LocalspecError("Exact numerics are not available for this model here",
                                  f"'{self.path.name}': a batch of {n} tokens got other logits than "
-                                 "the same tokens one at a time. Weights in F32, F16, BF16 or Q4_0 "
-                                 "take llama.cpp's batched sgemm on x86, and ggml reads its tiled-"
-                                 "matmul switch once, at a process's first quantised matmul",
+                                 "the same tokens one at a time. Weights in F32, F16, BF16, Q4_0 or "
+                                 "Q8_0 take llamafile's batched sgemm on x86",
                                  "Use a K-quant GGUF (Q4_K_M, Q5_K_M, Q6_K: what `localspec pull` "
-                                 "installs) in a process where no model computed before, or turn "
-                                 "exact numerics off (--exact, or the chat settings' switch)")
+                                 "installs; Q4_1 and Q5_1 work too), or leave out --exact (in the "
+                                 "chat: switch off Exact numerics in the settings)")
 
     # ---- vocabulary -------------------------------------------------------------------------
     def tokenize(self, text: str, *, special: bool = True, add_bos: bool | None = None) -> list[int]:
@@ -396,6 +438,9 @@ class LlamaModel:
         lc.llama_memory_clear(self._mem, True)
 
     def close(self) -> None:
+        if getattr(self, "_holds_exact", False):
+            self._holds_exact = False
+            _exact_release()
         if getattr(self, "_ctx", None):
             lc.llama_batch_free(self._batch)
             lc.llama_free(self._ctx)

@@ -19,10 +19,8 @@ from .drafters.base import Drafter
 from .drafters.llama_draft import LlamaDraft
 from .drafters.maxgram import MaxGram
 from .errors import LocalspecError, vocab_mismatch
-from .llama_model import LlamaModel
+from .llama_model import EXACT_MAX_ROWS, LlamaModel
 from .target import Target
-
-EXACT_MAX_ROWS = 63   # ggml's CPU flash attention sums rows alone below its 64-row tile
 
 
 @dataclass(frozen=True)
@@ -134,9 +132,12 @@ class Session:
         n_seq = max(2, cfg.budget.max_nodes + 1) if cfg.speculation else 1
         if cfg.exact and cfg.speculation and cfg.budget.max_nodes + 2 > EXACT_MAX_ROWS:
             raise LocalspecError("Tree too large for exact numerics",
-                                 f"--tree-nodes {cfg.budget.max_nodes}: a verify of more than "
+                                 f"trees of {cfg.budget.max_nodes} nodes: a verify of more than "
                                  f"{EXACT_MAX_ROWS} rows takes llama.cpp's tiled attention",
-                                 f"Use --tree-nodes {EXACT_MAX_ROWS - 2} or fewer with --exact")
+                                 f"Use trees of {EXACT_MAX_ROWS - 2} nodes or fewer with --exact "
+                                 f"(--tree-nodes; in bench, adaptive-N)")
+        if cfg.exact and cfg.stable_shapes:
+            raise ValueError("exact numerics run unpadded (stable_shapes pads batches)")
         self.model = LlamaModel(cfg.model, n_ctx=cfg.n_ctx, n_seq_max=n_seq,
                                 n_gpu_layers=cfg.n_gpu_layers, n_threads=cfg.n_threads,
                                 n_batch=max(512, cfg.budget.max_nodes + 2),

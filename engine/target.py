@@ -23,7 +23,7 @@ from typing import Sequence
 import numpy as np
 
 from .errors import LocalspecError
-from .llama_model import LlamaModel
+from .llama_model import EXACT_MAX_ROWS, LlamaModel
 from .tree import DraftTree, TreeLayout
 
 
@@ -38,6 +38,7 @@ class Target:
         self._exact = model.exact
         self._pending: list[int] = []        # exact mode: committed tokens not in the cache yet
         self._row0 = 0                       # batch row of the tree's root in the last verify
+        self.redecoded = 0                   # pending tokens decoded since the last reset
 
     @property
     def vocab_size(self) -> int:
@@ -67,15 +68,18 @@ class Target:
         self._layout = None
         self._hidden_at = -1
         self._pending = []
+        self.redecoded = 0
 
     def prefill(self, tokens: Sequence[int]) -> None:
         """Evaluate committed tokens (not the root) into sequence 0."""
-        if self.n_past + len(tokens) + 1 > self.model.n_ctx:
+        need = self.n_past + len(self._pending) + len(tokens) + 1
+        if need > self.model.n_ctx:
             raise LocalspecError("Prompt is longer than the context",
-                                 f"{self.n_past + len(tokens) + 1} tokens, context holds {self.model.n_ctx}",
+                                 f"{need} tokens, context holds {self.model.n_ctx}",
                                  "Shorten the prompt, or raise the context with --ctx "
                                  f"(the model was trained for {self.model.n_ctx_train})")
         tokens = self._pending + list(tokens)
+        self.redecoded += len(self._pending)
         self._pending = []
         if tokens:
             self.model.prefill(tokens, self.n_past)
@@ -103,8 +107,10 @@ class Target:
         """
         layout = tree.layout()
         n_paths = len(layout.leaf_seq)
-        k = len(self._pending)
         n = (max(tree.n + 1, pad_to) if top_up else max(tree.n, pad_to)) if pad_to else tree.n
+        if self._pending and (pad_to or len(self._pending) + n > EXACT_MAX_ROWS):
+            self._flush_pending()   # their own batch: within ggml's row-alone attention, unpadded
+        k = len(self._pending)
         if n_paths > self.model.n_seq_max or n + k > min(self.model.n_batch, self.room + k):
             raise ValueError(f"tree of {tree.n} nodes / {n_paths} paths (padded to {n}) exceeds the "
                              "target's limits")
@@ -119,18 +125,26 @@ class Target:
             self.model.decode(tree.tokens[:tree.n], pos, layout.seq_ids, logits=True,
                               pad_to=n if pad_to else 0, top_up=top_up)
             return self.model.logits()[:tree.n]
-        # exact mode: the pending tokens first, seen by every path
+        # exact mode: the pending tokens first, seen by every path (never padded: see above)
         pos[:k] = np.arange(self.n_past, self.n_past + k)
         tokens = np.concatenate([np.asarray(self._pending, np.int32), tree.tokens[:tree.n]])
         seq_ids = (tuple(range(n_paths)),) * k + layout.seq_ids
+        self.redecoded += k
         self._pending = []
-        if pad_to:
-            self.model.decode(tokens, pos, seq_ids, pad_to=n + k, top_up=top_up)
-            return self.model.logits()[k:k + tree.n]
         mask = np.ones(k + tree.n, bool)
         mask[:k] = False
         self.model.decode(tokens, pos, seq_ids, logits=mask)
         return self.model.logits()
+
+    def _flush_pending(self) -> None:
+        """Decode the pending tokens into sequence 0 on their own (before a verify they would push
+        past EXACT_MAX_ROWS, or a padded one)."""
+        k = len(self._pending)
+        pos = np.arange(self.n_past, self.n_past + k, dtype=np.int32)
+        self.model.decode(self._pending, pos, logits=False)
+        self.redecoded += k
+        self.n_past += k
+        self._pending = []
 
     def commit(self, tree: DraftTree, path: Sequence[int]) -> None:
         """Keep the root and the accepted `path` (node indices, root excluded) in sequence 0."""

@@ -16,10 +16,6 @@ torch.set_num_threads(1)
 os.environ["LOCALSPEC_DATA_DIR"] = tempfile.mkdtemp(prefix="localspec-test-data-")
 # Settings likewise: no test reads or writes the user's real config.
 os.environ["LOCALSPEC_CONFIG_DIR"] = tempfile.mkdtemp(prefix="localspec-test-config-")
-# Exact numerics (--exact) need ggml's tiled matmul off, a switch ggml reads once per process at its
-# first quantised matmul: the CLI sets it at start for exact runs; tests of every mode share this
-# process, so it is set before any of them (it changes only the speed of 8+-row K-quant batches).
-os.environ["GGML_CPU_TILED_MM"] = "0"
 
 from tiny_models import TinyModels, build_tiny_models  # noqa: E402  (after the environment above)
 

@@ -116,3 +116,56 @@ def test_the_next_run_starts_from_what_this_one_learnt(tiny, monkeypatch, tmp_pa
         assert third.engine.controller._plays == [0] * len(third.engine.controller.arms)
     finally:
         third.close()
+
+
+def test_tiled_floor_is_where_the_tiled_path_stops_losing(monkeypatch):
+    """Math of the choice, with the row-by-row curve scripted: the floor is the fewest rows from
+    which the tiled path is never slower, and the curve takes each side's cost."""
+    tiled = {1: 33.0, 4: 89.0, 8: 227.0, 12: 277.0, 16: 282.0, 24: 420.0, 32: 411.0}
+    rows = {8: 171.0, 12: 235.0, 16: 243.0, 24: 398.0, 32: 481.0}
+    seen = {}
+
+    def scripted(models, sizes, reps=cal._REPS):
+        import os
+        seen["sizes"], seen["env"] = list(sizes[0]), os.environ.get(cal.TILED_MIN)
+        return [dict(rows)]
+    monkeypatch.setattr(cal, "measure", scripted)
+    monkeypatch.setenv(cal.TILED_MIN, "8")
+    floor, curve = cal.tiled_floor(object(), tiled)
+    assert seen == {"sizes": [8, 12, 16, 24, 32], "env": str(1 << 30)}   # measured with tiling off
+    assert floor == 32
+    assert curve == {1: 33.0, 4: 89.0, 8: 171.0, 12: 235.0, 16: 243.0, 24: 398.0, 32: 411.0}
+    assert cal.os.environ[cal.TILED_MIN] == "8"                          # restored
+    rows_win = {n: s + 1.0 for n, s in tiled.items() if n >= 8}          # tiled never loses
+    monkeypatch.setattr(cal, "measure", lambda *a, **k: [rows_win])
+    assert cal.tiled_floor(object(), tiled) == (8, tiled)
+    tiled_loses = {n: s - 1.0 for n, s in tiled.items() if n >= 8}       # tiled always loses
+    monkeypatch.setattr(cal, "measure", lambda *a, **k: [tiled_loses])
+    floor, curve = cal.tiled_floor(object(), tiled)
+    assert floor == 33 and curve[32] == 410.0
+
+
+@pytest.mark.real_pair
+def test_calibration_sets_the_tiled_floor_it_measured(real_pair, tmp_path, monkeypatch):
+    """On a CPU with packaging/patches, calibration measures ggml's tiled matmul against its
+    row-by-row path, caches the floor, and steers llama.cpp by it (GGML_CPU_TILED_MM_MIN)."""
+    from localspec.engine.llama_model import exact_in_process, has_tiled_min_switch
+
+    if exact_in_process():
+        pytest.skip("an exact model ran in this process: the floor is pinned out of reach")
+    assert has_tiled_min_switch(), "llama.cpp was built without packaging/patches"
+    monkeypatch.delenv(cal.TILED_MIN, raising=False)
+    target = LlamaModel(real_pair[0], n_ctx=512, n_seq_max=2)
+    try:
+        costs = cal.calibrate(target, None, 14, cache_dir=tmp_path)
+        data = json.loads(next(tmp_path.glob("*.json")).read_text())
+        floor = data["tiled_min"]
+        assert floor in {8, 12, 16} or floor == 17
+        assert cal.os.environ[cal.TILED_MIN] == str(floor)
+        assert {int(n): s for n, s in data["seconds"][0].items()} == costs.target
+        monkeypatch.setattr(cal, "measure", lambda *a, **k: pytest.fail("measured again"))
+        monkeypatch.setenv(cal.TILED_MIN, "8")
+        assert cal.calibrate(target, None, 14, cache_dir=tmp_path).target == costs.target
+        assert cal.os.environ[cal.TILED_MIN] == str(floor)
+    finally:
+        target.close()

@@ -151,14 +151,18 @@ def test_exact_refuses_gpu_offload_before_loading(tiny, monkeypatch):
 
 def test_exact_refuses_trees_past_the_attention_tile(quantised):
     with pytest.raises(LocalspecError, match="Tree too large") as err:
-        Session(EngineConfig(quantised, exact=True, n_ctx=512, budget=TreeBudget(max_nodes=64)))
-    assert "--tree-nodes 61" in err.value.fix
+        Session(EngineConfig(quantised, exact=True, n_ctx=512, budget=TreeBudget(max_nodes=62)))
+    assert "61 nodes or fewer" in err.value.fix
+    Session(EngineConfig(quantised, exact=True, n_ctx=512, budget=TreeBudget(max_nodes=61))).close()
 
 
-def _hole_round(model: LlamaModel, prompt: list[int], ordered: bool) -> tuple[np.ndarray, np.ndarray]:
+def _hole_round(model: LlamaModel, prompt: list[int], ordered: bool,
+                next_nodes: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """Verify a tree whose accepted path sits behind a rejected row, commit it, verify the next
-    root; the logits of the accepted nodes and of the next root. ordered False: the commit of
-    the default mode (rejected cells freed in place, holes before accepted cells)."""
+    tree (a chain of `next_nodes` below root 44: 45, 46, ...); the logits of the accepted nodes
+    and of the next tree's first two nodes, and the hidden state the head would draft from after
+    the first commit (with hidden states). ordered False: the commit of the default mode
+    (rejected cells freed in place, holes before accepted cells)."""
     target = Target(model)
     target._exact = ordered
     target.reset()
@@ -172,11 +176,14 @@ def _hole_round(model: LlamaModel, prompt: list[int], ordered: bool) -> tuple[np
     first = target.verify(tree)[[y, z]].copy()
     target.commit(tree, [y, z])
     assert target.pending == (2 if ordered else 0)     # y and z sit behind the rejected row 1
-    nxt = DraftTree(4)
+    hidden = target.last_hidden().copy() if model.hidden else None
+    nxt = DraftTree(next_nodes + 1)
     nxt.reset(44)
-    nxt.add(0, 45, 0.0, 0)
-    second = target.verify(nxt).copy()
-    return first, second
+    for i in range(next_nodes):
+        nxt.add(i, 45 + i, 0.0, 0)
+    second = target.verify(nxt)[:2].copy()
+    assert target.redecoded == (2 if ordered else 0)
+    return first, second, hidden
 
 
 def test_exact_commit_behind_a_rejected_row_keeps_bitwise_logits(quantised):
@@ -185,7 +192,7 @@ def test_exact_commit_behind_a_rejected_row_keeps_bitwise_logits(quantised):
     model = LlamaModel(quantised, n_ctx=256, n_seq_max=8, n_threads=1, exact=True)
     try:
         prompt = model.tokenize("class Counter:\n    def __init__(self):\n        self.n = 0\n")
-        first, second = _hole_round(model, prompt, ordered=True)
+        first, second, _ = _hole_round(model, prompt, ordered=True)
         model.clear()
         model.prefill(prompt[:-1], 0)
         alone = []
@@ -195,7 +202,47 @@ def test_exact_commit_behind_a_rejected_row_keeps_bitwise_logits(quantised):
         assert np.array_equal(first, np.array(alone[1:3]))
         assert np.array_equal(second, np.array(alone[3:5]))
         # the default mode's commit leaves holes that the next batch fills: other sums
-        _, unordered = _hole_round(model, prompt, ordered=False)
+        _, unordered, _ = _hole_round(model, prompt, ordered=False)
         assert not np.array_equal(unordered, np.array(alone[3:5]))
+        # pending tokens ahead of a tree that would pass 63 rows go in a batch of their own
+        _, long_next, _ = _hole_round(model, prompt, ordered=True, next_nodes=61)
+        assert np.array_equal(long_next, np.array(alone[3:5]))
     finally:
         model.close()
+
+
+def test_exact_commit_behind_a_rejected_row_keeps_the_heads_hidden_state(quantised):
+    """With hidden states (a draft head drafts from them) the last accepted node's row is found
+    behind the pending rows too, and equals the one-at-a-time state."""
+    model = LlamaModel(quantised, n_ctx=256, n_seq_max=8, n_threads=1, exact=True, hidden=True)
+    try:
+        prompt = model.tokenize("class Counter:\n    def __init__(self):\n        self.n = 0\n")
+        _, _, hidden = _hole_round(model, prompt, ordered=True)
+        model.clear()
+        model.prefill(prompt[:-1], 0)
+        for i, token in enumerate([prompt[-1], 41, 43]):
+            model.decode([token], [len(prompt) - 1 + i])
+        assert np.array_equal(hidden, model.hidden_row(0))
+    finally:
+        model.close()
+
+
+def test_exact_speculation_with_decoded_again_tokens_emits_plain_tokens(tiny, quantised, plain_exact,
+                                                                         tmp_path, monkeypatch):
+    """Trees in proposal order (not likeliest path first): accepted nodes often sit behind
+    rejected rows and are decoded again at the head of the next batch; output still plain's."""
+    monkeypatch.setenv("LOCALSPEC_DATA_DIR", str(tmp_path))
+    session = Session(EngineConfig(quantised, draft=tiny.draft_gguf, n_ctx=512, n_threads=1, exact=True,
+                                   budget=TreeBudget(max_nodes=16),
+                                   draft_limits=DraftLimits(max_depth=5, branching=3, width=4)))
+    session.engine._ordered = None
+    redecoded = 0
+    try:
+        for kind, text in PROMPTS:
+            tokens, expect = plain_exact[(kind, text)]
+            result = session.run(tokens, max_tokens=MAX_TOKENS)
+            assert result.tokens == expect, f"{kind} {text[:30]!r}"
+            redecoded += result.stats.redecoded
+    finally:
+        session.close()
+    assert redecoded > 0
