@@ -7,6 +7,7 @@ noise spreads evenly; "identical" compares each configuration's tokens with plai
 from __future__ import annotations
 
 import json
+import os
 import platform
 import re
 import subprocess
@@ -32,6 +33,7 @@ from localspec.engine.drafters.maxgram import MaxGram
 from localspec.engine.drafters.ngram import PersonalNgram
 from localspec.engine.errors import LocalspecError
 from localspec.engine.llama_model import (
+    TILED_MIN,
     LlamaModel,
     default_threads,
     gpu_offload_supported,
@@ -252,6 +254,8 @@ def run_bench(target: Path, draft: Path | None, prompts: Sequence[Prompt], names
                 report["head"]["step_ms"] = {n: round(1e3 * s, 3) for n, s in head_costs.draft.items()}
         if costs is not None:
             report["calibration"] = costs.to_dict()
+            if session.model.n_gpu_layers == 0 and TILED_MIN in os.environ:
+                report["calibration"]["ggml_tiled_min_rows"] = int(os.environ[TILED_MIN])
             report["dropped_arms"] = {n: [str(a) for a in e.dropped] for n, e in engines.items() if e.dropped}
         traces = {n: {"arms": [str(a) for a in e.controller.arms],
                       "runs": [[a, k, t, round(1e3 * sec, 2), rates] for a, k, t, sec, rates
