@@ -142,18 +142,22 @@ class ConfigResult:
 
 
 def _engines(target_session: Session, draft_model, store,
-             names: Sequence[str], costs: Costs | None, head_costs: Costs | None = None) -> dict[str, Engine]:
+             names: Sequence[str], costs: Costs | None, head_costs: Costs | None = None,
+             skipped: dict[str, list[str]] | None = None) -> dict[str, Engine]:
     gpu = target_session.model.n_gpu_layers != 0
     # a GGUF draft on a GPU keeps one batch shape unless a change of shape is cheap there
     draft_stable = gpu and not (costs is not None and costs.cheap_switch)
     """One Engine per configuration over the shared target; a configuration that needs a missing
     draft model or n-gram store is skipped. `draft_model`: a LlamaModel (GGUF draft in llama.cpp)
-    or a TorchLM (the PyTorch draft), shared by every configuration's draft stage."""
+    or a TorchLM (the PyTorch draft), shared by every configuration's draft stage. `skipped`
+    gets each skipped configuration's missing stages."""
     engines = {}
     for name in names:
         cfg = config(name)
         stages: list[Drafter] = []
+        missing = []
         for stage in cfg.stages:
+            before = len(stages)
             if stage == "maxgram":
                 stages.append(MaxGram())
             elif stage == "ngram" and store is not None:
@@ -168,7 +172,11 @@ def _engines(target_session: Session, draft_model, store,
                 from localspec.engine.drafters.head import HeadDrafter
                 stages.append(HeadDrafter(target_session.head, target_session.engine.target,
                                           cfg.draft_limits))
-        if len(stages) < len(cfg.stages):
+            if len(stages) == before:
+                missing.append(stage)
+        if missing:
+            if skipped is not None:
+                skipped[name] = missing
             continue
         own = head_costs if "head" in cfg.stages else costs
         engine = engines[name] = Engine(target_session.engine.target, stages, cfg.budget,
@@ -180,7 +188,7 @@ def _engines(target_session: Session, draft_model, store,
 
 
 _STAGE_OPTION = {"draft": "a draft model (--draft)", "ngram": "an n-gram store (--learn)",
-                 "head": "a draft head (--head)", "maxgram": "nothing"}
+                 "head": "a draft head (--head)"}
 
 
 def run_bench(target: Path, draft: Path | None, prompts: Sequence[Prompt], names: Sequence[str],
@@ -217,13 +225,10 @@ def run_bench(target: Path, draft: Path | None, prompts: Sequence[Prompt], names
                 costs = with_torch_draft(costs, draft_model, draft)
         else:
             head_costs = None
-        engines = _engines(session, draft_model, store, names, costs, head_costs)
-        have = {"draft": draft_model is not None, "ngram": store is not None,
-                "head": session.head is not None, "maxgram": True}
-        for name in names:
-            if name not in engines:
-                needs = [_STAGE_OPTION[s] for s in config(name).stages if not have[s]]
-                progress(f"skipped {name}: it needs {' and '.join(needs)}")
+        skipped: dict[str, list[str]] = {}
+        engines = _engines(session, draft_model, store, names, costs, head_costs, skipped)
+        for name, missing in skipped.items():
+            progress(f"skipped {name}: it needs {' and '.join(_STAGE_OPTION[s] for s in missing)}")
         results = {name: ConfigResult(name) for name in engines}
         started = time.time()
         for i, prompt in enumerate(prompts):

@@ -9,6 +9,7 @@ with every path's sequence id. llama.cpp's log goes into a ring buffer, quoted i
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 from collections import deque
 from pathlib import Path
@@ -80,6 +81,7 @@ def exact_in_process() -> bool:
     return _exact_models > 0
 
 
+@functools.cache   # the libraries loaded do not change within a process
 def _has_marker(symbol: str) -> bool:
     """Whether a llama.cpp library next to the one llama-cpp-python loaded exports `symbol` (the
     CPU backend is its own library in llama-cpp-python's builds, or linked into ggml or llama)."""
@@ -99,7 +101,7 @@ def _has_marker(symbol: str) -> bool:
     return False
 
 
-def has_split_kv_switch() -> bool:
+def has_exact_switches() -> bool:
     """Whether the llama.cpp libraries loaded carry packaging/patches' switches (exact numerics
     need both: GGML_CPU_FA_SPLIT_KV and GGML_CPU_TILED_MM_MIN)."""
     return _has_marker("localspec_fa_split_kv_switch") and _has_marker("localspec_tiled_mm_min_switch")
@@ -144,7 +146,7 @@ class LlamaModel:
             raise LocalspecError("Exact numerics run on the CPU only",
                                  "llama.cpp's CUDA kernels change with the number of tokens in a "
                                  "batch", EXACT_FIX)
-        if exact and not has_split_kv_switch():
+        if exact and not has_exact_switches():
             raise LocalspecError("Exact numerics need localspec's llama.cpp build",
                                  "the llama.cpp libraries loaded lack packaging/patches' switches "
                                  "for ggml's split-KV attention and tiled matmul (batches and "

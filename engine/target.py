@@ -35,7 +35,7 @@ class Target:
         self._alone = False                  # the last verify decoded its root alone, unpadded
         self._pos = np.zeros(model.n_batch, np.int32)
         self._hidden_at = -1                 # batch row of the root's parent in the last decode
-        self._exact = model.exact
+        self.exact = model.exact
         self._pending: list[int] = []        # exact mode: committed tokens not in the cache yet
         self._row0 = 0                       # batch row of the tree's root in the last verify
         self.redecoded = 0                   # pending tokens decoded since the last reset
@@ -54,10 +54,6 @@ class Target:
         return self.model.n_ctx - self.n_past - len(self._pending)
 
     @property
-    def exact(self) -> bool:
-        return self._exact
-
-    @property
     def pending(self) -> int:
         """Exact numerics: accepted tokens to decode again at the head of the next batch."""
         return len(self._pending)
@@ -71,7 +67,7 @@ class Target:
         self.redecoded = 0
 
     def prefill(self, tokens: Sequence[int]) -> None:
-        """Evaluate committed tokens (not the root) into sequence 0."""
+        """Evaluate committed tokens (not the root) into sequence 0, after any pending ones."""
         need = self.n_past + len(self._pending) + len(tokens) + 1
         if need > self.model.n_ctx:
             raise LocalspecError("Prompt is longer than the context",
@@ -109,7 +105,7 @@ class Target:
         n_paths = len(layout.leaf_seq)
         n = (max(tree.n + 1, pad_to) if top_up else max(tree.n, pad_to)) if pad_to else tree.n
         if self._pending and (pad_to or len(self._pending) + n > EXACT_MAX_ROWS):
-            self._flush_pending()   # their own batch: within ggml's row-alone attention, unpadded
+            self.prefill(())   # their own batch: within ggml's row-alone attention, unpadded
         k = len(self._pending)
         if n_paths > self.model.n_seq_max or n + k > min(self.model.n_batch, self.room + k):
             raise ValueError(f"tree of {tree.n} nodes / {n_paths} paths (padded to {n}) exceeds the "
@@ -136,16 +132,6 @@ class Target:
         self.model.decode(tokens, pos, seq_ids, logits=mask)
         return self.model.logits()
 
-    def _flush_pending(self) -> None:
-        """Decode the pending tokens into sequence 0 on their own (before a verify they would push
-        past EXACT_MAX_ROWS, or a padded one)."""
-        k = len(self._pending)
-        pos = np.arange(self.n_past, self.n_past + k, dtype=np.int32)
-        self.model.decode(self._pending, pos, logits=False)
-        self.redecoded += k
-        self.n_past += k
-        self._pending = []
-
     def commit(self, tree: DraftTree, path: Sequence[int]) -> None:
         """Keep the root and the accepted `path` (node indices, root excluded) in sequence 0."""
         layout = self._layout
@@ -160,7 +146,7 @@ class Target:
             return
         seq = layout.leaf_seq[tree.first_leaf_below(last)]
         kept = len(path)
-        if self._exact:   # only the batch's accepted prefix stays: nodes 0..kept-1 are rows 0..kept-1
+        if self.exact:   # only the batch's accepted prefix stays: nodes 0..kept-1 are rows 0..kept-1
             kept = next((i for i, node in enumerate(path) if node != i + 1), len(path))
             self._pending = [int(tree.tokens[node]) for node in path[kept:]]
         end = self.n_past + k + kept           # position of the last node kept in the cache

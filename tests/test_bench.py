@@ -86,6 +86,16 @@ def test_identical_counts_what_matches_plain(tiny, tiny_prompts):
     assert total == len(tiny_prompts) and same < total
 
 
+
+def test_a_configuration_missing_a_stage_is_skipped_with_what_it_needs(tiny, tiny_prompts):
+    lines = []
+    report = bench.run_bench(tiny.target_gguf, None, tiny_prompts[:1], ["plain", "maxgram", "adaptive", "ngram"],
+                             8, SamplingParams(), 512, check=False, progress=lines.append)
+    assert [r["config"] for r in report["rows"]] == ["plain", "maxgram"]
+    assert "skipped adaptive: it needs an n-gram store (--learn) and a draft model (--draft)" in lines
+    assert "skipped ngram: it needs an n-gram store (--learn)" in lines
+
+
 def test_pass_at_1_runs_the_problem_tests():
     problems = humaneval_problems()[:2]
     good = [p["canonical_solution"] + "\n\ndef unrelated():\n    pass\n" for p in problems]

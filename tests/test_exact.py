@@ -110,7 +110,7 @@ def test_exact_speculation_emits_plain_tokens(tiny, quantised, plain_exact, name
 def test_exact_rows_past_256_cells_of_context_equal_one_at_a_time(quantised):
     """Past 256 cells ggml's flash attention views 512 and splits a single query's cells over
     threads; exact numerics switch that off (packaging/patches), so long contexts stay exact."""
-    assert llama_model.has_split_kv_switch(), "llama.cpp was built without packaging/patches"
+    assert llama_model.has_exact_switches(), "llama.cpp was built without packaging/patches"
     model = LlamaModel(quantised, n_ctx=1024, n_seq_max=2, n_threads=2, exact=True)
     try:
         context = [(7 * i + 3) % model.vocab_size for i in range(300)]
@@ -128,7 +128,7 @@ def test_exact_rows_past_256_cells_of_context_equal_one_at_a_time(quantised):
 
 
 def test_exact_refuses_a_llama_cpp_without_the_split_kv_switch(quantised, monkeypatch):
-    monkeypatch.setattr(llama_model, "has_split_kv_switch", lambda: False)
+    monkeypatch.setattr(llama_model, "has_exact_switches", lambda: False)
     with pytest.raises(LocalspecError, match="localspec's llama.cpp build") as err:
         LlamaModel(quantised, n_ctx=256, exact=True)
     assert "make install" in err.value.fix
@@ -164,7 +164,7 @@ def _hole_round(model: LlamaModel, prompt: list[int], ordered: bool,
     the first commit (with hidden states). ordered False: the commit of the default mode
     (rejected cells freed in place, holes before accepted cells)."""
     target = Target(model)
-    target._exact = ordered
+    target.exact = ordered
     target.reset()
     target.prefill(prompt[:-1])
     tree = DraftTree(16)
