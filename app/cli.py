@@ -13,14 +13,8 @@ import tempfile
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from localspec.engine.config import DEFAULT_TREE_NODES
-from localspec.engine.errors import LocalspecError
-
-from .ask import add_ask
-from .models_cmd import add_models_commands
-from .head_cmd import add_head
-from .ngram_cmd import add_ngram
-from .paths import head_path, model_path, resolve_models
+# Nothing from localspec is imported here, only in the functions that need it: importing the
+# engine loads llama.cpp (engine/__init__.py), and `localspec --version` needs none of it.
 
 # `pull` is the only command that may open a network connection. Whatever imports the command
 # line (a chat UI started another way included) is offline until main() decides per command.
@@ -54,6 +48,8 @@ EXACT_HELP = ("batch-invariant numerics (CPU only, slower): greedy speculation e
 
 
 def _add_model_options(p: argparse.ArgumentParser, model_required: bool = True) -> None:
+    from localspec.engine.config import DEFAULT_TREE_NODES
+
     p.add_argument("--model", required=model_required,
                    help="target model: a .gguf file or an installed model's name (localspec list)")
     p.add_argument("--draft", help="draft model: a .gguf file (llama.cpp) or a transformers folder (PyTorch)")
@@ -77,6 +73,7 @@ def _add_model_options(p: argparse.ArgumentParser, model_required: bool = True) 
 
 def _sampling(args: argparse.Namespace):
     from localspec.engine.config import SamplingParams
+    from localspec.engine.errors import LocalspecError
 
     if args.max_tokens < 1:
         raise LocalspecError("Bad --max-tokens", f"{args.max_tokens}", "Use a positive number")
@@ -91,6 +88,8 @@ def _sampling(args: argparse.Namespace):
 def _open_session(args: argparse.Namespace):
     from localspec.engine.config import TreeBudget
     from localspec.engine.session import EngineConfig, Session
+
+    from .paths import head_path, resolve_models
 
     model, draft = resolve_models(args.model, args.draft)
     return Session(EngineConfig(model=model, draft=draft, head=head_path(args.head),
@@ -115,6 +114,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
         return run_chat(args)
     from localspec.app.repl import chat_loop
+    from localspec.engine.errors import LocalspecError
 
     if not args.model:
         raise LocalspecError("No model for line-mode chat", "--line needs --model",
@@ -129,6 +129,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
+    from localspec.engine.errors import LocalspecError
+
     prompt = args.prompt if args.prompt is not None else sys.stdin.read()
     if not prompt.strip():
         raise LocalspecError("Empty prompt", "no prompt argument and nothing on stdin",
@@ -196,7 +198,10 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from localspec.app import bench, workloads
+    from localspec.engine.errors import LocalspecError
     from localspec.engine.session import EngineConfig, Session, draft_runs_in_torch
+
+    from .paths import model_path
 
     configs = args.configs or ",".join(n for n in bench.CONFIGS if args.head or "head" not in bench.config(n).stages)
     names = [n.strip() for n in configs.split(",") if n.strip()]
@@ -259,6 +264,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from localspec.engine.config import HEAD_LIMITS, DraftLimits, TreeBudget
     from localspec.engine.llama_model import LlamaModel
 
+    from .paths import head_path, resolve_models
+
     model, draft = resolve_models(args.model, args.draft)
     head_file = head_path(args.head)
     if head_file is not None:
@@ -303,6 +310,11 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .ask import add_ask
+    from .head_cmd import add_head
+    from .models_cmd import add_models_commands
+    from .ngram_cmd import add_ngram
+
     parser = argparse.ArgumentParser(prog="localspec", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"localspec {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -332,6 +344,12 @@ def set_network_mode(command: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["--version"]:   # what argparse would print, without loading the engine
+        print(f"localspec {_version()}")
+        return 0
+    from localspec.engine.errors import LocalspecError   # first: llama.cpp loads before numpy
+
     args = build_parser().parse_args(argv)
     set_network_mode(args.command)
     try:

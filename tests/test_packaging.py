@@ -1,9 +1,11 @@
-"""The wheel installs one top-level name, `localspec`, and the engine never imports Textual."""
+"""The wheel installs one top-level name, `localspec`; the engine never imports Textual, and
+`localspec --version` never loads the engine."""
 from __future__ import annotations
 
 import subprocess
 import sys
 import zipfile
+from importlib.metadata import version
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,3 +37,17 @@ def test_engine_and_models_never_import_textual():
     for path in list((ROOT / "engine").rglob("*.py")) + list((ROOT / "models").rglob("*.py")):
         text = path.read_text()
         assert "import textual" not in text and "from textual" not in text, path
+
+
+def test_version_loads_neither_llama_cpp_nor_torch():
+    """`localspec --version` answers without llama.cpp's libraries (slow to load, and absent
+    where llama-cpp-python is not installed) or torch."""
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "localspec.app.cli", "--version"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == f"localspec {version('localspec')}\n"
+    imported = {line.rsplit("|", 1)[1].strip() for line in proc.stderr.splitlines()
+                if line.startswith("import time:")}
+    assert "localspec.app" in imported   # the listing is real
+    for module in ("llama_cpp", "torch", "localspec.engine"):
+        assert module not in imported, sorted(imported)
