@@ -234,20 +234,27 @@ def cached_curves(models: Sequence[LlamaModel], sizes: Sequence[Sequence[int]], 
     """`measure(models, sizes)`, from the cache (`path`, default: by fingerprint in `cache_dir`)
     when these models were measured on this machine within MAX_AGE."""
     path = path or cache_path(models, cache_dir)
-    data = {} if refresh else read_json(path)
+    return _curves(models, sizes, path, {} if refresh else read_json(path))[0]
+
+
+def _curves(models: Sequence[LlamaModel], sizes: Sequence[Sequence[int]], path: Path,
+            data: dict) -> tuple[list[dict[int, float]], dict]:
+    """`cached_curves` given the cache file's object (`data`, {} to measure anyway), and the
+    object the file holds after (a new measurement replaces it)."""
     try:
         curves = [{int(n): float(s) for n, s in c.items()} for c in data["seconds"]]
         fresh = time.time() - float(data["measured"]) < MAX_AGE
         if fresh and len(curves) == len(models) and all(
                 all(n in c for n in want if n <= m.n_batch and n + _CONTEXT <= m.n_ctx)
                 for c, want, m in zip(curves, sizes, models)):
-            return curves
+            return curves, data
     except (ValueError, KeyError, TypeError, AttributeError):
         pass   # missing or unreadable: measure again
     curves = measure(models, sizes)
-    write_json(path, {"models": [str(m.path) for m in models], "measured": time.time(),
-                      "seconds": [{str(n): s for n, s in c.items()} for c in curves]})
-    return curves
+    data = {"models": [str(m.path) for m in models], "measured": time.time(),
+            "seconds": [{str(n): s for n, s in c.items()} for c in curves]}
+    write_json(path, data)
+    return curves, data
 
 
 def cache_path(models: Sequence[LlamaModel], cache_dir: Path) -> Path:
@@ -290,7 +297,7 @@ def calibrate(target: LlamaModel, draft: LlamaModel | None, max_nodes: int,
               cache_dir: Path | None = None, refresh: bool = False) -> Costs:
     """Cost curves of the target (batches up to max_nodes + 2: a full tree and its padding) and
     of a GGUF draft; with the target on a GPU, also what a change of batch shape costs
-    (`measure_switch`)."""
+    (`measure_switch`). The cache file is read once; what is measured is added to it."""
     top = max(2, max_nodes + 2)
     sizes = sorted({n for n in SIZES if n <= top} | {top})
     models, wanted = ([target], [sizes]) if draft is None else ([target, draft], [sizes, DRAFT_SIZES])
@@ -298,20 +305,20 @@ def calibrate(target: LlamaModel, draft: LlamaModel | None, max_nodes: int,
     steer = target.n_gpu_layers == 0 and not exact_in_process() and has_tiled_min_switch()
     if steer:
         os.environ[TILED_MIN] = str(TILED_FROM)   # a fresh curve is measured as ggml ships
-    curves = cached_curves(models, wanted, path.parent, refresh, path)
+    curves, data = _curves(models, wanted, path, {} if refresh else read_json(path))
     if steer:
-        data = read_json(path)
         floor = data.get("tiled_min")
         if not isinstance(floor, int) or refresh:
             floor, curves[0] = tiled_floor(target, curves[0])
-            write_json(path, {**data, "tiled_min": floor,
-                              "seconds": [{str(n): s for n, s in c.items()} for c in curves]})
+            data = {**data, "tiled_min": floor,
+                    "seconds": [{str(n): s for n, s in c.items()} for c in curves]}
+            write_json(path, data)
         os.environ[TILED_MIN] = str(floor)
     switch = 0.0
     if target.n_gpu_layers != 0 and top in curves[0]:
-        data = read_json(path)
         switch = data.get("switch")
         if not isinstance(switch, (int, float)):
             switch = measure_switch(target, top, curves[0])
-            write_json(path, {**data, "switch": switch})
+            data = {**data, "switch": switch}
+            write_json(path, data)
     return Costs(curves[0], curves[1] if draft is not None else {}, path, float(switch))

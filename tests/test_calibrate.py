@@ -42,6 +42,33 @@ def test_measured_curve_is_cached_per_model_and_machine(tiny, tmp_path, monkeypa
     assert len(list(tmp_path.glob("*.json"))) == 2
 
 
+def test_a_load_reads_the_cache_file_once(tiny, tmp_path, monkeypatch):
+    """The curve, the tiled floor (on a CPU with packaging/patches) and what is measured come from
+    one read of the cache file, whether the load measures or finds everything cached."""
+    from localspec.engine.llama_model import exact_in_process, has_tiled_min_switch
+
+    monkeypatch.setenv(cal.TILED_MIN, str(cal.TILED_FROM))   # restored after the test
+    reads = []
+    read_json = cal.read_json
+    monkeypatch.setattr(cal, "read_json", lambda path: reads.append(path) or read_json(path))
+    model = LlamaModel(tiny.target_gguf, n_ctx=256, n_seq_max=4, n_threads=1)
+    try:
+        first = cal.calibrate(model, None, 8, cache_dir=tmp_path)
+        assert reads == [first.file]
+        data = json.loads(first.file.read_text())
+        assert {int(n): s for n, s in data["seconds"][0].items()} == first.target
+        assert ("tiled_min" in data) is (has_tiled_min_switch() and not exact_in_process())
+
+        def refuse(*a, **k):
+            raise AssertionError("measured again although cached")
+        monkeypatch.setattr(cal, "measure", refuse)
+        second = cal.calibrate(model, None, 8, cache_dir=tmp_path)
+        assert reads == [first.file] * 2 and second.target == first.target
+        assert json.loads(first.file.read_text()) == data
+    finally:
+        model.close()
+
+
 # Costs.viable is arithmetic: checked on curves shaped like the ones measured (ms).
 CPU_2CORE = {1: 64, 2: 99, 3: 123, 4: 112, 5: 146, 6: 168, 8: 207, 9: 225, 12: 259, 16: 254, 17: 260}
 H200 = {1: 2.05, 2: 2.3, 4: 2.8, 8: 3.8, 16: 4.5, 17: 4.6, 32: 5.3}
