@@ -30,7 +30,8 @@ import llama_cpp as lc
 import numpy as np
 
 from .budget import Arm
-from .llama_model import TILED_MIN, LlamaModel, exact_in_process, has_tiled_min_switch
+from .llama_model import (TILED_MIN, LlamaModel, exact_in_process, has_tiled_min_switch, restore_env,
+                          set_env)
 
 SIZES = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32)
 OPTIMISTIC = 0.9      # per-token acceptance assumed when asking "could this budget ever win?"
@@ -164,15 +165,11 @@ def tiled_floor(target: LlamaModel, tiled: dict[int, float]) -> tuple[int, dict[
     big = [n for n in sorted(tiled) if n >= TILED_FROM]
     if not big:
         return TILED_FROM, tiled
-    before = os.environ.get(TILED_MIN)
-    os.environ[TILED_MIN] = str(1 << 30)
+    before = set_env({TILED_MIN: str(1 << 30)})
     try:
         rows = measure([target], [big])[0]
     finally:
-        if before is None:
-            os.environ.pop(TILED_MIN, None)
-        else:
-            os.environ[TILED_MIN] = before
+        restore_env(before)
     floor = next((s for s in big if all(tiled[n] <= rows[n] for n in big if n >= s)), big[-1] + 1)
     return floor, {n: (tiled[n] if n >= floor else rows.get(n, tiled[n])) for n in tiled}
 

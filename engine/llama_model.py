@@ -50,6 +50,22 @@ _exact_models = 0                        # exact models open in this process
 _env_before: dict[str, str | None] = {}
 
 
+def set_env(values: dict[str, str]) -> dict[str, str | None]:
+    """Set environment variables; returns what they were (None: unset), for `restore_env`."""
+    before = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    return before
+
+
+def restore_env(before: dict[str, str | None]) -> None:
+    """Put back the variables `set_env` changed as they were, unset ones unset."""
+    for key, value in before.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
 def _exact_acquire() -> None:
     """What exact numerics need from the process, through packaging/patches' switches (read by
     ggml on every call, process-wide, so held while any exact model is open). ggml's tiled
@@ -60,8 +76,7 @@ def _exact_acquire() -> None:
     global _exact_models
     if _exact_models == 0:
         _env_before.clear()
-        _env_before.update({k: os.environ.get(k) for k in _EXACT_ENV})
-        os.environ.update(_EXACT_ENV)
+        _env_before.update(set_env(_EXACT_ENV))
     _exact_models += 1
 
 
@@ -69,11 +84,7 @@ def _exact_release() -> None:
     global _exact_models
     _exact_models -= 1
     if _exact_models == 0:
-        for key, value in _env_before.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        restore_env(_env_before)
 
 
 def exact_in_process() -> bool:

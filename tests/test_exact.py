@@ -4,6 +4,7 @@ batched matmuls sum in another order than one-row decodes, ../shared/docs/METHOD
 from __future__ import annotations
 
 import ctypes
+import os
 from pathlib import Path
 
 import llama_cpp as lc
@@ -80,6 +81,28 @@ def test_exact_tree_batch_rows_equal_each_path_decoded_alone(quantised):
                 assert np.array_equal(model.logits()[0], tree[rows[i]]), f"node {rows[i]}"
     finally:
         model.close()
+
+
+def test_exact_switches_are_held_while_an_exact_model_is_open(quantised, monkeypatch):
+    """The switches are process-wide: set by the first exact model opened, kept while any is
+    open, and given back as they were (a user's value, or unset) when the last one closes."""
+    switches = llama_model._EXACT_ENV
+    if not llama_model.exact_in_process():
+        monkeypatch.setenv(llama_model.TILED_MIN, "12")           # a user's own value
+        monkeypatch.delenv("GGML_CPU_FA_SPLIT_KV", raising=False)
+    before = {key: os.environ.get(key) for key in switches}
+    first = LlamaModel(quantised, n_ctx=256, n_threads=1, exact=True)
+    try:
+        second = LlamaModel(quantised, n_ctx=256, n_threads=1, exact=True)
+        try:
+            assert {key: os.environ.get(key) for key in switches} == switches
+            first.close()
+            assert {key: os.environ.get(key) for key in switches} == switches   # still held
+        finally:
+            second.close()
+    finally:
+        first.close()
+    assert {key: os.environ.get(key) for key in switches} == before
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
