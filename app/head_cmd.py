@@ -61,6 +61,7 @@ def _info(path: Path) -> int:
 
 def _train(args: argparse.Namespace) -> int:
     from localspec.engine import torch_lm  # noqa: F401  (torch before llama.cpp)
+    from localspec.engine.drafters.head import target_tables
     from localspec.engine.llama_model import LlamaModel
     from localspec.models.head_train import collect, function_prompts, generate_corpus, join, text_files, train
 
@@ -95,13 +96,16 @@ def _train(args: argparse.Namespace) -> int:
     first = next(prompts, None) if args.generated_tokens > 0 else None
     if first is None and args.generated_tokens > 0:
         say("no function with a docstring in the text: nothing for the target to continue")
+    tables = None   # the target's embedding, output matrix and norm: dequantised once, for both steps
     if first is not None:
+        tables = target_tables(model, None)
         width = max(1, min(args.parallel, 128))
         target = LlamaModel(model, n_ctx=width * (_PROMPT + _GEN), n_batch=max(512, width),
                             n_seq_max=width, hidden=True)
         try:
             parts.append(generate_corpus(target, itertools.chain([first], prompts), args.generated_tokens,
-                                         gen_tokens=_GEN, prompt_tokens=_PROMPT, progress=say))
+                                         gen_tokens=_GEN, prompt_tokens=_PROMPT, progress=say,
+                                         out_all=tables[1]))
         finally:
             target.close()
     corpus = join(*parts) if parts else None
@@ -111,7 +115,8 @@ def _train(args: argparse.Namespace) -> int:
     say(f"{len(corpus.tokens)} tokens from {len(files)} files; training")
     try:
         info = train(corpus, model, out, vocab_size=args.draft_vocab, steps=args.steps, batch=args.batch,
-                     progress=say, meta={"target": model.name, "text": [str(Path(t)) for t in args.text]})
+                     progress=say, meta={"target": model.name, "text": [str(Path(t)) for t in args.text]},
+                     tables=tables)
     except ValueError as err:   # too little text to train on and to check the head on
         raise LocalspecError("Too little to learn from", str(err),
                              "Name more text, or raise --max-tokens") from None

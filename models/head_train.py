@@ -105,11 +105,12 @@ def function_prompts(texts: Iterable[str], context_lines: int = 30) -> Iterator[
 
 
 def generate_corpus(model, prompts: Iterable[str], max_tokens: int, gen_tokens: int = 128,
-                    prompt_tokens: int = 384, progress: Callable[[str], None] = lambda s: None
-                    ) -> Corpus:
+                    prompt_tokens: int = 384, progress: Callable[[str], None] = lambda s: None,
+                    out_all: np.ndarray | None = None) -> Corpus:
     """The target's own greedy continuations of `prompts`, `model.n_seq_max` at a time in one
     batch per step (a LlamaModel opened with hidden=True): per token fed, the hidden state after
-    it. A head trained on these sees what it will draft from: the target's own text."""
+    it. A head trained on these sees what it will draft from: the target's own text. `out_all`:
+    the target's output matrix (`target_tables`), when the caller has it dequantised already."""
     if not model.hidden:
         raise ValueError("generate_corpus() needs the target opened with hidden=True")
     import torch
@@ -117,7 +118,8 @@ def generate_corpus(model, prompts: Iterable[str], max_tokens: int, gen_tokens: 
     from localspec.engine.drafters.head import target_tables
 
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    _, out_all, _ = target_tables(model.path, None)
+    if out_all is None:
+        _, out_all, _ = target_tables(model.path, None)
     out_t = torch.from_numpy(out_all).to(dev)                                # [V, d] f32
     del out_all
     width, d = model.n_seq_max, model.n_embd
@@ -187,9 +189,11 @@ def join(*corpora: Corpus) -> Corpus:
 def train(corpus: Corpus, target_gguf: Path, out: Path, *, vocab_size: int = 32768,
           steps: int = 3000, batch: int = 1024, unroll: int = 4, lr: float = 1e-3,
           feature_weight: float = 0.1, device: str | None = None, seed: int = 0,
-          progress: Callable[[str], None] = lambda s: None, meta: dict | None = None) -> dict:
+          progress: Callable[[str], None] = lambda s: None, meta: dict | None = None,
+          tables: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> dict:
     """Train a head on `corpus` and write it to `out`; what training measured (how often the
-    head's top guess is the target's choice on held-out chunks, per unrolled step)."""
+    head's top guess is the target's choice on held-out chunks, per unrolled step). `tables`:
+    `target_tables(target_gguf, None)`, when the caller has them dequantised already."""
     import torch
     import torch.nn.functional as F
 
@@ -201,7 +205,7 @@ def train(corpus: Corpus, target_gguf: Path, out: Path, *, vocab_size: int = 327
     torch.manual_seed(seed)
     n, d = corpus.hidden.shape
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
-    emb, out_all, norm = target_tables(target_gguf, None)
+    emb, out_all, norm = tables if tables is not None else target_tables(target_gguf, None)
     full_vocab = emb.shape[0]
     H = torch.from_numpy(corpus.hidden).to(dev)                              # [N, d] f16
     with torch.no_grad():   # the target's choice after each token: its output matrix on its state

@@ -68,6 +68,31 @@ def test_cli_trains_and_describes_a_head(tiny, tmp_path):
     assert info.returncode == 0 and "target: target.gguf" in info.stdout
 
 
+def test_head_train_dequantises_the_target_tables_once(tiny, tmp_path, monkeypatch):
+    """Generating the target's continuations and training both need its output matrix (and
+    training its embedding): `localspec head train` dequantises each whole table once."""
+    from localspec.app.cli import build_parser
+    from localspec.engine.drafters import head
+
+    text = tmp_path / "notes"
+    text.mkdir()
+    (text / "a.py").write_text('def add(a, b):\n    """The sum."""\n    return a + b\n\n' * 40)
+    whole = []   # the tables read whole (dequantised from the file)
+    tensor_rows = head.tensor_rows
+
+    def counted(info, name, rows=None):
+        if rows is None:
+            whole.append(name)
+        return tensor_rows(info, name, rows)
+    monkeypatch.setattr(head, "tensor_rows", counted)
+    out = tmp_path / "h.npz"
+    args = build_parser().parse_args(["head", "train", "--model", str(tiny.target_gguf), "--text", str(text),
+                                      "--out", str(out), "--max-tokens", "2000", "--generated-tokens", "300",
+                                      "--parallel", "4", "--steps", "20", "--batch", "64", "--ctx", "128"])
+    assert args.run(args) == 0 and out.exists()
+    assert sorted(whole) == ["output.weight", "output_norm.weight", "token_embd.weight"]
+
+
 def test_cli_names_the_fix_for_bad_training_input(tiny, tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
