@@ -3,10 +3,11 @@ code-block copy, token colouring, settings, and the first-run screen (scripted e
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
-from tui_support import (DEMO_REPLY, demo_app, make_app, ready, replied, type_and_send,
-                         wait_until)
+from tui_support import (DEMO_REPLY, SPEC, ScriptedEngine, demo_app, demo_history, make_app, ready,
+                         replied, type_and_send, wait_until)
 
 from localspec.app.history import History
 from localspec.app.settings import Settings, load_settings
@@ -147,6 +148,43 @@ async def test_settings_validate_save_atomically_and_restart_the_engine(tmp_path
         await pilot.pause()
         op, args, kwargs = app.engine.requests[-1]
         assert (kwargs["temperature"], kwargs["system"]) == (0.5, "Answer in one line.")
+
+
+async def test_exact_switch_shows_the_runs_numerics_and_saves_a_choice(tmp_path):
+    """`chat --exact` with exact numerics off in the saved settings: the switch shows them on (what
+    this run does); left as shown, the saved value stays; switched, the choice is saved and the
+    engine restarts with it."""
+    app = ChatApp(Settings(model="qwen2.5-coder-7b"), demo_history(tmp_path / "history.sqlite"),
+                  engine_factory=ScriptedEngine, engine_spec=replace(SPEC, exact=True),
+                  settings_file=tmp_path / "settings.json")
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        first_engine = app.engine
+        assert first_engine.spec.exact
+        await pilot.press("ctrl+o")
+        assert app.screen.query_one("#exact").value is True
+        app.screen.query_one("#temperature").value = "0.5"
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        saved = load_settings(tmp_path / "settings.json")
+        assert saved.temperature == 0.5 and saved.exact is False     # --exact is not saved
+        assert app.engine is first_engine
+
+        await pilot.press("ctrl+o")
+        assert app.screen.query_one("#exact").value is True
+        app.screen.query_one("#exact").value = False
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        assert load_settings(tmp_path / "settings.json").exact is False
+        assert app.engine is not first_engine and not app.engine.spec.exact
+
+        await pilot.press("ctrl+o")
+        assert app.screen.query_one("#exact").value is False
+        app.screen.query_one("#exact").value = True
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        assert load_settings(tmp_path / "settings.json").exact is True
+        assert app.engine.spec.exact
 
 
 async def test_first_run_lists_installed_models_and_picking_one_opens_the_chat(tiny, tmp_path,

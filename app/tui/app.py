@@ -156,22 +156,30 @@ class ChatApp(App):
 
     # ---- settings -----------------------------------------------------------------------------
     def action_settings(self) -> None:
+        # the exact switch shows this run's numerics, which `chat --exact` turns on whatever is saved
+        exact_shown = self.spec_for(self.settings).exact
+
         async def done(new: Settings | None) -> None:
             if new is None:
                 return
-            old, self.settings = self.settings, new
+            before = self.spec_for(self.settings)
+            if new.exact == exact_shown:   # the switch left as shown: the saved value stays saved
+                new = replace(new, exact=self.settings.exact)
+            else:                          # the user's choice: saved, and this run follows it, --exact or not
+                self.base_spec = replace(self.base_spec, exact=False)
+            self.settings = new
             self.save()
             if self.chat is None:
                 await self.open_chat_or_first_run()
                 return
             if self.chat.has_class("-sources") != new.show_sources:
                 self.chat.action_toggle_sources()
-            if self.spec_for(old) != self.spec_for(new):
+            if before != self.spec_for(new):
                 self.start_engine()
                 self.chat.ready, self.chat.engine_state = None, "loading the new model…"
                 self.chat.refresh_status()
 
-        self.push_screen(SettingsScreen(self.settings), done)
+        self.push_screen(SettingsScreen(replace(self.settings, exact=exact_shown)), done)
 
     def save(self) -> None:
         try:
