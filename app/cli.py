@@ -177,7 +177,8 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--configs", default=None,
                    help="comma-separated (default: all but the head's, and with --head those too): "
                         "plain,maxgram,ngram,draft-linear,draft-tree,staged,adaptive, "
-                        "head, adaptive-head (with --head), adaptive-N (the adaptive budget with trees of at most N nodes)")
+                        "head, adaptive-head (with --head), adaptive-N (the adaptive budget with trees of at most N nodes), "
+                        "adaptive-copyN (its GPU Max-Gram arm with chains of N nodes)")
     p.add_argument("--ctx", type=int, default=4096)
     p.add_argument("--learn", action="append", default=[], metavar="PATH",
                    help="build the n-gram stage from these files or folders (their *.py, *.md, *.txt) "
@@ -213,7 +214,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             unknown.append(n)
     if unknown:
         raise LocalspecError("Unknown bench configuration", ", ".join(unknown),
-                             f"Choose from: {', '.join(bench.CONFIGS)}, or adaptive-N (N = 1..64 nodes)")
+                             f"Choose from: {', '.join(bench.CONFIGS)}, or adaptive-N (N = 1..64 nodes), or adaptive-copyN (N = 1..31)")
     if args.head and not any("head" in bench.config(n).stages for n in names):
         raise LocalspecError("--head without a head configuration", f"--configs {configs}",
                              "Add head and/or adaptive-head to --configs, or leave --configs out")

@@ -44,6 +44,7 @@ class TreeBudget:
     adaptive: bool = False
     plain_arm: bool | None = None   # adaptive, with a cost curve: a plain arm beside the free one
     # (None: where rounds are chosen one by one, CPUs; see arms())
+    copy_nodes: int = COPY_NODES    # the GPU's unpruned Max-Gram arm: chains of this many nodes
 
     def arms(self, with_models: bool = True, pruned: bool = False,
              with_free: bool = True, plain: bool = True, copy: bool = True) -> tuple[Arm, ...]:
@@ -71,7 +72,8 @@ class TreeBudget:
         if pruned and plain:
             return (Arm(0), Arm(self.max_nodes, models=False), *full)
         if pruned:   # a GPU: Max-Gram's chains verified whole, as a second free arm
-            whole = (Arm(COPY_NODES, models=False, pruned=False),) if copy and COPY_NODES < self.max_nodes else ()
+            n_copy = self.copy_nodes
+            whole = (Arm(n_copy, models=False, pruned=False),) if copy and 0 < n_copy < self.max_nodes else ()
             return (Arm(self.max_nodes, models=False), *whole, *full)
         return (Arm(0), *(Arm(n, models=False) for n in sorted({*sizes, self.max_nodes})), *full)
 
