@@ -31,8 +31,12 @@ class SamplingParams:
 
 
 DEFAULT_TREE_NODES = 32   # largest adaptive tree: a long Max-Gram copy, pruned to what pays
-# Max-Gram's chains verified whole, up to this many nodes: a GPU's second free arm (TreeBudget.arms)
-COPY_NODES = 8
+# Max-Gram's chains verified whole, up to this many nodes: a GPU's second free arm (TreeBudget.arms).
+# 7, so that a verify (root + chain) stays at 8 rows: llama.cpp's CUDA mat-vec kernel takes at most
+# 8 columns, and a 9th moves every matmul to its tiled kernel (H100: 8 rows 3.5 ms, 9 rows 4.1 ms,
+# docs/bench/h100/verify-cost-by-size-s8.txt). Same runs, 8 -> 7: HumanEval[:40] 1.09x -> 1.13x,
+# T=0.7 1.02x -> 1.06x, edit[:20] 1.95x -> 2.11x, chat[:20] 3.41x -> 3.64x (*-copy7-s8.json).
+COPY_NODES = 7
 
 
 @dataclass(frozen=True)
