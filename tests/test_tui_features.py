@@ -10,10 +10,12 @@ from tui_support import (DEMO_REPLY, SPEC, ScriptedEngine, demo_app, demo_histor
                          replied, type_and_send, wait_until)
 
 from localspec.app.history import History
-from localspec.app.settings import Settings, load_settings
+from localspec.app.cli import build_parser
+from localspec.app.settings import Settings, load_settings, save_settings
 from localspec.app.tui.app import ChatApp
 from localspec.app.tui.attach import code_blocks
 from localspec.app.tui.first_run import FirstRunScreen
+from localspec.app.tui.launch import chat_app
 from localspec.app.tui.widgets import MessageView
 from localspec.models import library
 
@@ -185,6 +187,60 @@ async def test_exact_switch_shows_the_runs_numerics_and_saves_a_choice(tmp_path)
         await pilot.pause()
         assert load_settings(tmp_path / "settings.json").exact is True
         assert app.engine.spec.exact
+
+
+async def test_no_speculation_and_no_personal_are_for_the_run_only(tmp_path):
+    """`chat --no-speculation --no-personal` with both on in the saved settings: the run goes
+    without them and the form shows them off; saving an unrelated setting keeps the saved values
+    (the flags are never saved); switched, the choice is saved and the run follows it."""
+    settings_file = tmp_path / "settings.json"
+    save_settings(Settings(model="qwen2.5-coder-7b"), settings_file)
+    args = build_parser().parse_args(["chat", "--no-speculation", "--no-personal"])
+    app = chat_app(args, demo_history(tmp_path / "history.sqlite"), settings_file=settings_file,
+                   engine_factory=ScriptedEngine)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        first_engine = app.engine
+        assert not first_engine.spec.speculation and not first_engine.spec.personal
+        await pilot.press("ctrl+o")
+        assert app.screen.query_one("#speculation").value is False
+        assert app.screen.query_one("#stage-personal").value is False
+        assert app.screen.query_one("#stage-draft").value is True
+        app.screen.query_one("#temperature").value = "0.5"
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        saved = load_settings(settings_file)
+        assert saved.temperature == 0.5 and saved.speculation is True       # the flags are not saved
+        assert saved.stages == ("personal", "draft")
+        assert app.engine is first_engine
+
+        await pilot.press("ctrl+o")
+        assert app.screen.query_one("#speculation").value is False
+        assert app.screen.query_one("#stage-personal").value is False
+        app.screen.query_one("#speculation").value = True
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        assert load_settings(settings_file).speculation is True
+        assert app.engine is not first_engine
+        assert app.engine.spec.speculation and not app.engine.spec.personal   # --no-personal holds
+
+        await pilot.press("ctrl+o")
+        assert app.screen.query_one("#speculation").value is True
+        assert app.screen.query_one("#stage-personal").value is False
+        app.screen.query_one("#stage-personal").value = True
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        assert load_settings(settings_file).stages == ("personal", "draft")
+        assert app.engine.spec.speculation and app.engine.spec.personal
+
+        await pilot.press("ctrl+o")
+        app.screen.query_one("#speculation").value = False
+        app.screen.query_one("#stage-personal").value = False
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        saved = load_settings(settings_file)
+        assert saved.speculation is False and saved.stages == ("draft",)
+        assert not app.engine.spec.speculation and not app.engine.spec.personal
 
 
 async def test_first_run_lists_installed_models_and_picking_one_opens_the_chat(tiny, tmp_path,

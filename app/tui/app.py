@@ -22,7 +22,7 @@ from textual.app import App
 
 from localspec.app.engine_proc import EngineProcess, EngineSpec, Error
 from localspec.app.history import History
-from localspec.app.settings import Settings, save_settings
+from localspec.app.settings import STAGES, Settings, save_settings
 from localspec.engine.errors import LocalspecError
 
 from .chat import ChatScreen
@@ -61,7 +61,8 @@ class ChatApp(App):
                  settings_file: Path | None = None,
                  notice: LocalspecError | None = None) -> None:
         """engine_spec: the options the settings do not hold (context size, GPU layers, threads);
-        its model/draft/speculation/personal come from the settings."""
+        its model/draft come from the settings; its speculation/personal off and exact on are this
+        run's flags (chat --no-speculation, --no-personal, --exact), over the settings."""
         super().__init__()
         self.settings, self.history = settings, history
         self.engine_factory, self.settings_file = engine_factory, settings_file
@@ -105,8 +106,9 @@ class ChatApp(App):
 
     def spec_for(self, s: Settings) -> EngineSpec:
         return replace(self.base_spec, model=s.model or "", draft=s.draft,
-                       use_draft="draft" in s.stages, speculation=s.speculation,
-                       personal="personal" in s.stages,
+                       use_draft="draft" in s.stages,
+                       speculation=self.base_spec.speculation and s.speculation,
+                       personal=self.base_spec.personal and "personal" in s.stages,
                        head=self.base_spec.head if s.model == self.head_model else None,
                        exact=self.base_spec.exact or s.exact)
 
@@ -156,17 +158,34 @@ class ChatApp(App):
 
     # ---- settings -----------------------------------------------------------------------------
     def action_settings(self) -> None:
-        # the exact switch shows this run's numerics, which `chat --exact` turns on whatever is saved
-        exact_shown = self.spec_for(self.settings).exact
+        # The form shows this run's engine: `chat --exact` turns exact numerics on, --no-speculation
+        # and --no-personal turn those off, whatever is saved. A switch left as shown keeps the
+        # saved value (a flag is never saved); one switched is the user's choice: saved, and this
+        # run follows it over the flag.
+        run = self.spec_for(self.settings)
+        shown = replace(self.settings, exact=run.exact, speculation=run.speculation,
+                        stages=tuple(s for s in self.settings.stages
+                                     if s != "personal" or run.personal))
 
         async def done(new: Settings | None) -> None:
             if new is None:
                 return
             before = self.spec_for(self.settings)
-            if new.exact == exact_shown:   # the switch left as shown: the saved value stays saved
+            if new.exact == shown.exact:
                 new = replace(new, exact=self.settings.exact)
-            else:                          # the user's choice: saved, and this run follows it, --exact or not
+            else:
                 self.base_spec = replace(self.base_spec, exact=False)
+            if new.speculation == shown.speculation:
+                new = replace(new, speculation=self.settings.speculation)
+            else:
+                self.base_spec = replace(self.base_spec, speculation=True)
+            if ("personal" in new.stages) == ("personal" in shown.stages):
+                personal = "personal" in self.settings.stages
+            else:
+                personal = "personal" in new.stages
+                self.base_spec = replace(self.base_spec, personal=True)
+            new = replace(new, stages=tuple(s for s in STAGES
+                                            if (personal if s == "personal" else s in new.stages)))
             self.settings = new
             self.save()
             if self.chat is None:
@@ -179,7 +198,7 @@ class ChatApp(App):
                 self.chat.ready, self.chat.engine_state = None, "loading the new model…"
                 self.chat.refresh_status()
 
-        self.push_screen(SettingsScreen(replace(self.settings, exact=exact_shown)), done)
+        self.push_screen(SettingsScreen(shown), done)
 
     def save(self) -> None:
         try:
