@@ -9,8 +9,7 @@ from __future__ import annotations
 import pytest
 from localspec.engine.config import DraftLimits, SamplingParams, TreeBudget
 from localspec.engine.session import EngineConfig, Session
-
-from tests.test_cascade import PROMPT
+from test_cascade import PROMPT   # tests/ is on sys.path under pytest (like tiny_models), the repo root not always
 
 
 def _session(tiny, stable: bool, limits: DraftLimits) -> Session:
