@@ -20,6 +20,24 @@ os.environ["LOCALSPEC_CONFIG_DIR"] = tempfile.mkdtemp(prefix="localspec-test-con
 from tiny_models import TinyModels, build_tiny_models  # noqa: E402  (after the environment above)
 
 
+GGML_SWITCHES = ("GGML_CPU_TILED_MM_MIN", "GGML_CPU_FA_SPLIT_KV")
+
+
+@pytest.fixture(autouse=True)
+def ggml_switches_restored():
+    """llama.cpp's process-wide switches (packaging/patches), as they were before each test: a
+    calibration on a CPU sets GGML_CPU_TILED_MM_MIN for the rest of the process by design, which
+    would change later tests' numerics and their child processes' environment. Taken after any
+    wider-scoped fixture is set up (an exact model a module holds open keeps its switches)."""
+    before = {key: os.environ.get(key) for key in GGML_SWITCHES}
+    yield
+    for key, value in before.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
 @pytest.fixture(scope="session")
 def tiny() -> TinyModels:
     return build_tiny_models()

@@ -181,7 +181,7 @@ def test_calibration_sets_the_tiled_floor_it_measured(real_pair, tmp_path, monke
     if exact_in_process():
         pytest.skip("an exact model ran in this process: the floor is pinned out of reach")
     assert has_tiled_min_switch(), "llama.cpp was built without packaging/patches"
-    monkeypatch.delenv(cal.TILED_MIN, raising=False)
+    monkeypatch.delenv(cal.TILED_MIN, raising=False)   # measured fresh; conftest.py puts it back after
     target = LlamaModel(real_pair[0], n_ctx=512, n_seq_max=2)
     try:
         costs = cal.calibrate(target, None, 14, cache_dir=tmp_path)
@@ -196,3 +196,31 @@ def test_calibration_sets_the_tiled_floor_it_measured(real_pair, tmp_path, monke
         assert cal.os.environ[cal.TILED_MIN] == str(floor)
     finally:
         target.close()
+
+
+def test_a_test_that_calibrates_leaves_the_ggml_switches_to_no_later_test(tmp_path):
+    """Calibration on a CPU steers llama.cpp process-wide (GGML_CPU_TILED_MM_MIN, read by ggml on
+    every call, and inherited by child processes): after each test, in pytest's own process, the
+    switches are as they were before it (tests/conftest.py puts them back)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    (tmp_path / "switch_probe.py").write_text(
+        "import json, os\n"
+        "KEYS = ('GGML_CPU_TILED_MM_MIN', 'GGML_CPU_FA_SPLIT_KV')\n"
+        "def pytest_runtest_logfinish(nodeid, location):\n"
+        "    with open(os.environ['SWITCH_PROBE_OUT'], 'a') as fh:\n"
+        "        fh.write(json.dumps([nodeid, [os.environ.get(k) for k in KEYS]]) + '\\n')\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("GGML_CPU_TILED_MM_MIN", "GGML_CPU_FA_SPLIT_KV")}
+    env.update(SWITCH_PROBE_OUT=str(tmp_path / "switches.jsonl"),
+               PYTHONPATH=os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")]))
+    here = Path(__file__).name
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "switch_probe", "-p", "no:cacheprovider",
+                          f"{here}::test_calibration_sets_the_tiled_floor_it_measured",   # skips without the pair
+                          f"{here}::test_adaptive_session_calibrates_and_keeps_output"],
+                         cwd=Path(__file__).parent, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
+    seen = [json.loads(line) for line in (tmp_path / "switches.jsonl").read_text().splitlines()]
+    assert len(seen) == 2 and all(switches == [None, None] for _, switches in seen), seen
