@@ -11,6 +11,7 @@ from tui_support import (DEMO_REPLY, SPEC, ScriptedEngine, demo_app, demo_histor
 
 from localspec.app.history import History
 from localspec.app.cli import build_parser
+from localspec.app.engine_proc import Error
 from localspec.app.settings import Settings, load_settings, save_settings
 from localspec.app.tui.app import ChatApp
 from localspec.app.tui.attach import code_blocks
@@ -241,6 +242,78 @@ async def test_no_speculation_and_no_personal_are_for_the_run_only(tmp_path):
         saved = load_settings(settings_file)
         assert saved.speculation is False and saved.stages == ("draft",)
         assert not app.engine.spec.speculation and not app.engine.spec.personal
+
+
+async def test_model_and_draft_flags_are_for_the_run_only(tmp_path):
+    """`chat --model M --draft D` over a saved model and draft: the run and the form use M and D;
+    saving an unrelated setting keeps the saved pair (the flags are never saved); a model typed in
+    the settings, or picked on the first-run screen, is saved and the run follows it."""
+    settings_file = tmp_path / "settings.json"
+    save_settings(Settings(model="saved-model", draft="saved-draft.gguf"), settings_file)
+    args = build_parser().parse_args(["chat", "--model", "run-model", "--draft", "run-draft.gguf"])
+    app = chat_app(args, demo_history(tmp_path / "history.sqlite"), settings_file=settings_file,
+                   engine_factory=ScriptedEngine)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        first_engine = app.engine
+        assert (first_engine.spec.model, first_engine.spec.draft) == ("run-model", "run-draft.gguf")
+        await pilot.press("ctrl+o")
+        assert app.screen.query_one("#model").value == "run-model"
+        assert app.screen.query_one("#draft").value == "run-draft.gguf"
+        app.screen.query_one("#temperature").value = "0.5"
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        saved = load_settings(settings_file)
+        assert saved.temperature == 0.5                                      # the flags are not saved
+        assert (saved.model, saved.draft) == ("saved-model", "saved-draft.gguf")
+        assert app.engine is first_engine
+
+        await pilot.press("ctrl+o")
+        assert app.screen.query_one("#model").value == "run-model"
+        app.screen.query_one("#model").value = "typed-model"
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        saved = load_settings(settings_file)
+        assert (saved.model, saved.draft) == ("typed-model", "saved-draft.gguf")   # draft as shown
+        assert app.engine is not first_engine
+        assert (app.engine.spec.model, app.engine.spec.draft) == ("typed-model", "run-draft.gguf")
+
+        app.engine.inject(Error(None, "Model not found", "no typed-model", "pick one"))
+        await wait_until(pilot, lambda: isinstance(app.screen, FirstRunScreen),
+                         what="the first-run screen")
+        app.post_message(FirstRunScreen.Chosen("picked-model"))          # Enter on an installed one
+        await wait_until(pilot, lambda: app.screen is app.chat, what="the chat")
+        saved = load_settings(settings_file)
+        assert (saved.model, saved.draft) == ("picked-model", None)
+        assert (app.engine.spec.model, app.engine.spec.draft) == ("picked-model", None)
+
+
+async def test_model_flag_without_draft_runs_the_models_own_draft_only(tmp_path):
+    """`chat --model M` alone: the run takes M's own draft, not the saved model's, and the form
+    shows the draft empty; left so, the saved draft stays; a draft typed there is saved and used."""
+    settings_file = tmp_path / "settings.json"
+    save_settings(Settings(model="saved-model", draft="saved-draft.gguf"), settings_file)
+    args = build_parser().parse_args(["chat", "--model", "run-model"])
+    app = chat_app(args, demo_history(tmp_path / "history.sqlite"), settings_file=settings_file,
+                   engine_factory=ScriptedEngine)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        assert (app.engine.spec.model, app.engine.spec.draft) == ("run-model", None)
+        await pilot.press("ctrl+o")
+        assert app.screen.query_one("#draft").value == ""
+        app.screen.query_one("#top_k").value = "20"
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        saved = load_settings(settings_file)
+        assert (saved.top_k, saved.model, saved.draft) == (20, "saved-model", "saved-draft.gguf")
+
+        await pilot.press("ctrl+o")
+        app.screen.query_one("#draft").value = "typed-draft.gguf"
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        saved = load_settings(settings_file)
+        assert (saved.model, saved.draft) == ("saved-model", "typed-draft.gguf")
+        assert (app.engine.spec.model, app.engine.spec.draft) == ("run-model", "typed-draft.gguf")
 
 
 async def test_first_run_lists_installed_models_and_picking_one_opens_the_chat(tiny, tmp_path,

@@ -61,13 +61,20 @@ class ChatApp(App):
                  settings_file: Path | None = None,
                  notice: LocalspecError | None = None) -> None:
         """engine_spec: the options the settings do not hold (context size, GPU layers, threads);
-        its model/draft come from the settings; its speculation/personal off and exact on are this
-        run's flags (chat --no-speculation, --no-personal, --exact), over the settings."""
+        its model, draft, speculation/personal off and exact on are this run's flags (chat --model,
+        --draft, --no-speculation, --no-personal, --exact), over the settings. A model given
+        (not "") brings its draft: the one given, or None (the model's own), not the saved one."""
         super().__init__()
         self.settings, self.history = settings, history
         self.engine_factory, self.settings_file = engine_factory, settings_file
         self.base_spec = engine_spec or EngineSpec(model="")
-        self.head_model = settings.model   # a --head was trained for the model chat started with
+        # chat --model/--draft: this run's model and draft over the saved ones (never saved); a
+        # field the user changes in the settings drops its entry (the run follows the choice)
+        self.run_models: dict[str, str | None] = (
+            {"model": self.base_spec.model, "draft": self.base_spec.draft} if self.base_spec.model
+            else {"draft": self.base_spec.draft} if self.base_spec.draft else {})
+        # a --head was trained for the model chat started with
+        self.head_model = self.run_settings(settings).model
         self.startup_notice = notice
         self.engine: Engine | None = None
         self.chat: ChatScreen | None = None
@@ -81,7 +88,7 @@ class ChatApp(App):
         await self.open_chat_or_first_run()
 
     async def open_chat_or_first_run(self) -> None:
-        if not self.settings.model:
+        if not self.run_settings(self.settings).model:
             await self.show_first_run(None)
             return
         while isinstance(self.screen, FirstRunScreen):
@@ -101,15 +108,21 @@ class ChatApp(App):
 
     async def on_first_run_screen_chosen(self, message: FirstRunScreen.Chosen) -> None:
         self.settings = replace(self.settings, model=message.name, draft=None)
+        self.run_models = {}   # the user's choice: saved, and this run follows it over --model/--draft
         self.save()
         await self.open_chat_or_first_run()
 
+    def run_settings(self, s: Settings) -> Settings:
+        """S with this run's --model/--draft over them."""
+        return replace(s, **self.run_models)
+
     def spec_for(self, s: Settings) -> EngineSpec:
-        return replace(self.base_spec, model=s.model or "", draft=s.draft,
+        run = self.run_settings(s)
+        return replace(self.base_spec, model=run.model or "", draft=run.draft,
                        use_draft="draft" in s.stages,
                        speculation=self.base_spec.speculation and s.speculation,
                        personal=self.base_spec.personal and "personal" in s.stages,
-                       head=self.base_spec.head if s.model == self.head_model else None,
+                       head=self.base_spec.head if run.model == self.head_model else None,
                        exact=self.base_spec.exact or s.exact)
 
     def start_engine(self) -> None:
@@ -158,12 +171,13 @@ class ChatApp(App):
 
     # ---- settings -----------------------------------------------------------------------------
     def action_settings(self) -> None:
-        # The form shows this run's engine: `chat --exact` turns exact numerics on, --no-speculation
-        # and --no-personal turn those off, whatever is saved. A switch left as shown keeps the
-        # saved value (a flag is never saved); one switched is the user's choice: saved, and this
-        # run follows it over the flag.
+        # The form shows this run's engine: `chat --model/--draft` pick the models, `--exact` turns
+        # exact numerics on, --no-speculation and --no-personal turn those off, whatever is saved.
+        # A field left as shown keeps the saved value (a flag is never saved); one changed is the
+        # user's choice: saved, and this run follows it over the flag.
         run = self.spec_for(self.settings)
-        shown = replace(self.settings, exact=run.exact, speculation=run.speculation,
+        shown = replace(self.run_settings(self.settings), exact=run.exact,
+                        speculation=run.speculation,
                         stages=tuple(s for s in self.settings.stages
                                      if s != "personal" or run.personal))
 
@@ -171,6 +185,11 @@ class ChatApp(App):
             if new is None:
                 return
             before = self.spec_for(self.settings)
+            for name in ("model", "draft"):
+                if getattr(new, name) == getattr(shown, name):
+                    new = replace(new, **{name: getattr(self.settings, name)})
+                else:
+                    self.run_models.pop(name, None)
             if new.exact == shown.exact:
                 new = replace(new, exact=self.settings.exact)
             else:
