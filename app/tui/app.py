@@ -67,12 +67,19 @@ class ChatApp(App):
         super().__init__()
         self.settings, self.history = settings, history
         self.engine_factory, self.settings_file = engine_factory, settings_file
-        self.base_spec = engine_spec or EngineSpec(model="")
-        # chat --model/--draft: this run's model and draft over the saved ones (never saved); a
-        # field the user changes in the settings drops its entry (the run follows the choice)
-        self.run_models: dict[str, str | None] = (
-            {"model": self.base_spec.model, "draft": self.base_spec.draft} if self.base_spec.model
-            else {"draft": self.base_spec.draft} if self.base_spec.draft else {})
+        self.base_spec = base = engine_spec or EngineSpec(model="")
+        # this run's flags over the saved settings, by setting (never saved): chat --model/--draft,
+        # --exact, --no-speculation, --no-personal; a field the user changes in the settings
+        # drops its entry (the run follows the choice)
+        self.run_flags: dict[str, object] = (
+            {"model": base.model, "draft": base.draft} if base.model
+            else {"draft": base.draft} if base.draft else {})
+        if base.exact:
+            self.run_flags["exact"] = True
+        if not base.speculation:
+            self.run_flags["speculation"] = False
+        if not base.personal:
+            self.run_flags["personal"] = False
         # a --head was trained for the model chat started with
         self.head_model = self.run_settings(settings).model
         self.startup_notice = notice
@@ -108,22 +115,24 @@ class ChatApp(App):
 
     async def on_first_run_screen_chosen(self, message: FirstRunScreen.Chosen) -> None:
         self.settings = replace(self.settings, model=message.name, draft=None)
-        self.run_models = {}   # the user's choice: saved, and this run follows it over --model/--draft
+        for name in ("model", "draft"):   # the user's choice: saved, and this run follows it
+            self.run_flags.pop(name, None)
         self.save()
         await self.open_chat_or_first_run()
 
     def run_settings(self, s: Settings) -> Settings:
-        """S with this run's --model/--draft over them."""
-        return replace(s, **self.run_models)
+        """S with this run's flags over them."""
+        for name, value in self.run_flags.items():
+            s = _with_field(s, name, value)
+        return s
 
     def spec_for(self, s: Settings) -> EngineSpec:
         run = self.run_settings(s)
         return replace(self.base_spec, model=run.model or "", draft=run.draft,
-                       use_draft="draft" in s.stages,
-                       speculation=self.base_spec.speculation and s.speculation,
-                       personal=self.base_spec.personal and "personal" in s.stages,
+                       use_draft="draft" in run.stages, speculation=run.speculation,
+                       personal="personal" in run.stages,
                        head=self.base_spec.head if run.model == self.head_model else None,
-                       exact=self.base_spec.exact or s.exact)
+                       exact=run.exact)
 
     def start_engine(self) -> None:
         self.stop_engine()
@@ -175,36 +184,17 @@ class ChatApp(App):
         # exact numerics on, --no-speculation and --no-personal turn those off, whatever is saved.
         # A field left as shown keeps the saved value (a flag is never saved); one changed is the
         # user's choice: saved, and this run follows it over the flag.
-        run = self.spec_for(self.settings)
-        shown = replace(self.run_settings(self.settings), exact=run.exact,
-                        speculation=run.speculation,
-                        stages=tuple(s for s in self.settings.stages
-                                     if s != "personal" or run.personal))
+        shown = self.run_settings(self.settings)
 
         async def done(new: Settings | None) -> None:
             if new is None:
                 return
             before = self.spec_for(self.settings)
-            for name in ("model", "draft"):
-                if getattr(new, name) == getattr(shown, name):
-                    new = replace(new, **{name: getattr(self.settings, name)})
+            for name in list(self.run_flags):
+                if _field(new, name) == _field(shown, name):
+                    new = _with_field(new, name, _field(self.settings, name))
                 else:
-                    self.run_models.pop(name, None)
-            if new.exact == shown.exact:
-                new = replace(new, exact=self.settings.exact)
-            else:
-                self.base_spec = replace(self.base_spec, exact=False)
-            if new.speculation == shown.speculation:
-                new = replace(new, speculation=self.settings.speculation)
-            else:
-                self.base_spec = replace(self.base_spec, speculation=True)
-            if ("personal" in new.stages) == ("personal" in shown.stages):
-                personal = "personal" in self.settings.stages
-            else:
-                personal = "personal" in new.stages
-                self.base_spec = replace(self.base_spec, personal=True)
-            new = replace(new, stages=tuple(s for s in STAGES
-                                            if (personal if s == "personal" else s in new.stages)))
+                    del self.run_flags[name]
             self.settings = new
             self.save()
             if self.chat is None:
@@ -225,3 +215,15 @@ class ChatApp(App):
         except OSError as err:
             self.notify(f"Settings not saved: {err}", severity="error")
 
+
+
+def _field(s: Settings, name: str) -> object:
+    """A setting a run flag stands over; "personal": whether that stage is on."""
+    return "personal" in s.stages if name == "personal" else getattr(s, name)
+
+
+def _with_field(s: Settings, name: str, value) -> Settings:
+    if name == "personal":
+        return replace(s, stages=tuple(x for x in STAGES
+                                       if (value if x == "personal" else x in s.stages)))
+    return replace(s, **{name: value})
