@@ -153,6 +153,14 @@ async def test_settings_validate_save_atomically_and_restart_the_engine(tmp_path
         assert (kwargs["temperature"], kwargs["system"]) == (0.5, "Answer in one line.")
 
 
+async def submit(pilot, app, values: dict) -> None:
+    """Set the open settings form's fields (by id) and save it."""
+    for name, value in values.items():
+        app.screen.query_one(f"#{name}").value = value
+    await pilot.press("ctrl+s")
+    await pilot.pause()
+
+
 async def test_exact_switch_shows_the_runs_numerics_and_saves_a_choice(tmp_path):
     """`chat --exact` with exact numerics off in the saved settings: the switch shows them on (what
     this run does); left as shown, the saved value stays; switched, the choice is saved and the
@@ -166,26 +174,20 @@ async def test_exact_switch_shows_the_runs_numerics_and_saves_a_choice(tmp_path)
         assert first_engine.spec.exact
         await pilot.press("ctrl+o")
         assert app.screen.query_one("#exact").value is True
-        app.screen.query_one("#temperature").value = "0.5"
-        await pilot.press("ctrl+s")
-        await pilot.pause()
+        await submit(pilot, app, {"temperature": "0.5"})
         saved = load_settings(tmp_path / "settings.json")
         assert saved.temperature == 0.5 and saved.exact is False     # --exact is not saved
         assert app.engine is first_engine
 
         await pilot.press("ctrl+o")
         assert app.screen.query_one("#exact").value is True
-        app.screen.query_one("#exact").value = False
-        await pilot.press("ctrl+s")
-        await pilot.pause()
+        await submit(pilot, app, {"exact": False})
         assert load_settings(tmp_path / "settings.json").exact is False
         assert app.engine is not first_engine and not app.engine.spec.exact
 
         await pilot.press("ctrl+o")
         assert app.screen.query_one("#exact").value is False
-        app.screen.query_one("#exact").value = True
-        await pilot.press("ctrl+s")
-        await pilot.pause()
+        await submit(pilot, app, {"exact": True})
         assert load_settings(tmp_path / "settings.json").exact is True
         assert app.engine.spec.exact
 
@@ -207,9 +209,7 @@ async def test_no_speculation_and_no_personal_are_for_the_run_only(tmp_path):
         assert app.screen.query_one("#speculation").value is False
         assert app.screen.query_one("#stage-personal").value is False
         assert app.screen.query_one("#stage-draft").value is True
-        app.screen.query_one("#temperature").value = "0.5"
-        await pilot.press("ctrl+s")
-        await pilot.pause()
+        await submit(pilot, app, {"temperature": "0.5"})
         saved = load_settings(settings_file)
         assert saved.temperature == 0.5 and saved.speculation is True       # the flags are not saved
         assert saved.stages == ("personal", "draft")
@@ -218,9 +218,7 @@ async def test_no_speculation_and_no_personal_are_for_the_run_only(tmp_path):
         await pilot.press("ctrl+o")
         assert app.screen.query_one("#speculation").value is False
         assert app.screen.query_one("#stage-personal").value is False
-        app.screen.query_one("#speculation").value = True
-        await pilot.press("ctrl+s")
-        await pilot.pause()
+        await submit(pilot, app, {"speculation": True})
         assert load_settings(settings_file).speculation is True
         assert app.engine is not first_engine
         assert app.engine.spec.speculation and not app.engine.spec.personal   # --no-personal holds
@@ -228,17 +226,12 @@ async def test_no_speculation_and_no_personal_are_for_the_run_only(tmp_path):
         await pilot.press("ctrl+o")
         assert app.screen.query_one("#speculation").value is True
         assert app.screen.query_one("#stage-personal").value is False
-        app.screen.query_one("#stage-personal").value = True
-        await pilot.press("ctrl+s")
-        await pilot.pause()
+        await submit(pilot, app, {"stage-personal": True})
         assert load_settings(settings_file).stages == ("personal", "draft")
         assert app.engine.spec.speculation and app.engine.spec.personal
 
         await pilot.press("ctrl+o")
-        app.screen.query_one("#speculation").value = False
-        app.screen.query_one("#stage-personal").value = False
-        await pilot.press("ctrl+s")
-        await pilot.pause()
+        await submit(pilot, app, {"speculation": False, "stage-personal": False})
         saved = load_settings(settings_file)
         assert saved.speculation is False and saved.stages == ("draft",)
         assert not app.engine.spec.speculation and not app.engine.spec.personal
@@ -260,9 +253,7 @@ async def test_model_and_draft_flags_are_for_the_run_only(tmp_path):
         await pilot.press("ctrl+o")
         assert app.screen.query_one("#model").value == "run-model"
         assert app.screen.query_one("#draft").value == "run-draft.gguf"
-        app.screen.query_one("#temperature").value = "0.5"
-        await pilot.press("ctrl+s")
-        await pilot.pause()
+        await submit(pilot, app, {"temperature": "0.5"})
         saved = load_settings(settings_file)
         assert saved.temperature == 0.5                                      # the flags are not saved
         assert (saved.model, saved.draft) == ("saved-model", "saved-draft.gguf")
@@ -270,9 +261,7 @@ async def test_model_and_draft_flags_are_for_the_run_only(tmp_path):
 
         await pilot.press("ctrl+o")
         assert app.screen.query_one("#model").value == "run-model"
-        app.screen.query_one("#model").value = "typed-model"
-        await pilot.press("ctrl+s")
-        await pilot.pause()
+        await submit(pilot, app, {"model": "typed-model"})
         saved = load_settings(settings_file)
         assert (saved.model, saved.draft) == ("typed-model", "saved-draft.gguf")   # draft as shown
         assert app.engine is not first_engine
@@ -301,16 +290,12 @@ async def test_model_flag_without_draft_runs_the_models_own_draft_only(tmp_path)
         assert (app.engine.spec.model, app.engine.spec.draft) == ("run-model", None)
         await pilot.press("ctrl+o")
         assert app.screen.query_one("#draft").value == ""
-        app.screen.query_one("#top_k").value = "20"
-        await pilot.press("ctrl+s")
-        await pilot.pause()
+        await submit(pilot, app, {"top_k": "20"})
         saved = load_settings(settings_file)
         assert (saved.top_k, saved.model, saved.draft) == (20, "saved-model", "saved-draft.gguf")
 
         await pilot.press("ctrl+o")
-        app.screen.query_one("#draft").value = "typed-draft.gguf"
-        await pilot.press("ctrl+s")
-        await pilot.pause()
+        await submit(pilot, app, {"draft": "typed-draft.gguf"})
         saved = load_settings(settings_file)
         assert (saved.model, saved.draft) == ("saved-model", "typed-draft.gguf")
         assert (app.engine.spec.model, app.engine.spec.draft) == ("run-model", "typed-draft.gguf")
