@@ -263,7 +263,7 @@ def _add_calibrate(sub: argparse._SubParsersAction) -> None:
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from localspec.engine.calibrate import calibrate
     from localspec.engine.config import HEAD_LIMITS, DraftLimits, TreeBudget
-    from localspec.engine.llama_model import LlamaModel
+    from localspec.engine.llama_model import TILED_MIN, LlamaModel
 
     from .paths import head_path, resolve_models
 
@@ -294,7 +294,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         print(f"draft {draft.name}: " + "  ".join(f"{n}: {ms} ms" for n, ms in costs.to_dict()["draft_ms"].items()))
     if costs.switch:
         print(f"changing the batch shape and back (CUDA graphs rebuilt): {1e3 * costs.switch:.2f} ms")
-    floor = os.environ.get("GGML_CPU_TILED_MM_MIN")
+    floor = os.environ.get(TILED_MIN)
     if target.n_gpu_layers == 0 and floor is not None and not args.exact:
         print(f"ggml's tiled matmul from {floor} batch rows (measured: fewer rows go row by row)")
     arms = TreeBudget(max_nodes=args.tree_nodes, adaptive=True).arms(

@@ -251,9 +251,14 @@ def _curves(models: Sequence[LlamaModel], sizes: Sequence[Sequence[int]], path: 
         pass   # missing or unreadable: measure again
     curves = measure(models, sizes)
     data = {"models": [str(m.path) for m in models], "measured": time.time(),
-            "seconds": [{str(n): s for n, s in c.items()} for c in curves]}
+            "seconds": _as_json(curves)}
     write_json(path, data)
     return curves, data
+
+
+def _as_json(curves: Sequence[dict[int, float]]) -> list[dict[str, float]]:
+    """Cost curves as the cache file holds them (sizes as strings)."""
+    return [{str(n): s for n, s in c.items()} for c in curves]
 
 
 def cache_path(models: Sequence[LlamaModel], cache_dir: Path) -> Path:
@@ -309,8 +314,7 @@ def calibrate(target: LlamaModel, draft: LlamaModel | None, max_nodes: int,
         floor = data.get("tiled_min")
         if not isinstance(floor, int) or refresh:
             floor, curves[0] = tiled_floor(target, curves[0])
-            data = {**data, "tiled_min": floor,
-                    "seconds": [{str(n): s for n, s in c.items()} for c in curves]}
+            data = {**data, "tiled_min": floor, "seconds": _as_json(curves)}
             write_json(path, data)
         os.environ[TILED_MIN] = str(floor)
     switch = 0.0
