@@ -167,7 +167,7 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="run decoding configurations side by side and compare them")
     p.add_argument("--model", required=True, help="target model: a .gguf file")
     p.add_argument("--draft", help="draft model: a .gguf file")
-    p.add_argument("--workload", default="humaneval", choices=["humaneval", "edit", "chat"])
+    p.add_argument("--workload", default="humaneval", choices=["humaneval", "edit", "chat", "newcode"])
     p.add_argument("--limit", type=int, default=None, help="first N problems only")
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.0)

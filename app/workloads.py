@@ -4,6 +4,8 @@
 - edit: a canonical solution handed back through the chat template with an instruction to change
   it; the answer repeats much of the input, which is where context matching shines.
 - chat: a multi-turn conversation whose later turns revisit earlier material.
+- newcode: raw completions of function specs written for localspec (app/newcode.py), in no
+  benchmark and no corpus: where nothing repeats, so speculation must not lose there.
 """
 from __future__ import annotations
 
@@ -42,6 +44,9 @@ def humaneval_problems() -> list[dict]:
 
 def build(workload: str, limit: int | None, raw: Callable[[str], list[int]],
           chat: Callable[[list[dict]], list[int]]) -> list[Prompt]:
+    if workload == "newcode":
+        from .newcode import PROMPTS
+        return [Prompt(name, tuple(raw(text))) for name, text in PROMPTS[:limit]]
     problems = humaneval_problems()[:limit]
     if workload == "humaneval":
         return [Prompt(p["task_id"], tuple(raw(p["prompt"])), p) for p in problems]
@@ -62,4 +67,4 @@ def build(workload: str, limit: int | None, raw: Callable[[str], list[int]],
                      {"role": "user", "content": "Show the code again with one improvement, in full."}]
             out.append(Prompt(p["task_id"], tuple(chat(turns))))
         return out
-    raise LocalspecError("Unknown workload", f"'{workload}'", "Use humaneval, edit or chat")
+    raise LocalspecError("Unknown workload", f"'{workload}'", "Use humaneval, edit, chat or newcode")
