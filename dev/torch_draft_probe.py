@@ -3,7 +3,7 @@
 Builds a randomly initialised model of the 0.5B draft's shape (or loads one: a transformers folder
 or a .gguf), checks that graph replay gives the eager forward's logits for a prefill and tree
 forwards of 1..16 rows, then prints ms per forward for each row count, both ways.
-Usage: python3 tools/torch_draft_probe.py [MODEL]
+Usage: python3 dev/torch_draft_probe.py [MODEL]
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 draft alone, one after the other, and at the same time from two Python threads (llama_decode
 releases the GIL; each context has its own CUDA streams), as a pipelined round would run them:
 the target verifying a 5-token tree while the draft runs 4 one-token forwards ahead.
-Usage: python tools/overlap_probe.py TARGET.gguf DRAFT.gguf [REPS]"""
+Usage: python dev/overlap_probe.py TARGET.gguf DRAFT.gguf [REPS]"""
 from __future__ import annotations
 
 import sys

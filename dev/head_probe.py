@@ -6,7 +6,7 @@ the head is started from the target's hidden state at every generated position a
 target's choice, per unrolled step (what a chain of the head's first guesses would get accepted
 at, given the earlier ones were). Runs on a CPU (slowly) or a GPU.
 
-    python tools/head_probe.py --model target.gguf --head head.npz [--workload humaneval --limit 3]
+    python dev/head_probe.py --model target.gguf --head head.npz [--workload humaneval --limit 3]
 """
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ row against the last row only, then profiles a few sizes with torch.profiler (CU
 kernel in the process, llama.cpp's too, inside CUDA graphs as well) and prints, per call: wall
 time, GPU busy time, and the kernels grouped by family (matmul, attention, norms and the rest, the
 logits copy to the host).
-Usage: python3 tools/verify_cost_probe.py TARGET.gguf [SIZES]
+Usage: python3 dev/verify_cost_probe.py TARGET.gguf [SIZES]
 DUMP=FILE.npz saves the logits of batches of 1, 3 and 8 tokens (and skips the timing); with
 COMPARE=OTHER.npz too it prints how far they lie from another run's (GGML_CUDA_DISABLE_FUSION=1
 against a fused build, say: a kernel change must not move them).

@@ -1,7 +1,7 @@
 """Whether llama.cpp computes a batch's rows bit for bit as single-token decodes, per batch size
 and context length, on this machine: max |logit difference| of each batch of 2..8 tokens against
 the same tokens decoded one at a time (0.000: exact). Usage:
-    python tools/exact_rows_probe.py MODEL.gguf [--exact] [CONTEXTS...]
+    python dev/exact_rows_probe.py MODEL.gguf [--exact] [CONTEXTS...]
 
 Why it matters: a speculative run evaluates accepted tokens in batches, so unless batches are
 computed exactly as single tokens its cache differs slightly from a plain run's and a near-tie can

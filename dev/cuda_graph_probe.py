@@ -2,7 +2,7 @@
 forward costs in each. Counts llama.cpp's debug messages ("CUDA Graph id .. reused": llama.cpp
 reused its graph; "warmup complete"/"warmup reset": ggml-cuda (re)captured or dropped its CUDA
 graph) per pattern and prints ms per forward.
-Usage: python3 tools/cuda_graph_probe.py MODEL.gguf
+Usage: python3 dev/cuda_graph_probe.py MODEL.gguf
 """
 from __future__ import annotations
 

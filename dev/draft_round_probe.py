@@ -4,7 +4,7 @@ A round evaluates the root (the 1-2 tokens committed since the last round, in se
 one node per forward along a chain in sequence 1, which is dropped at the end of the round.
 Unpadded, the first forward's shape differs from the others; padded (LlamaModel.decode pad_to), all
 forwards have one shape. Prints ms per forward, median over the rounds.
-Usage: python3 tools/draft_round_probe.py DRAFT.gguf
+Usage: python3 dev/draft_round_probe.py DRAFT.gguf
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ import sys
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-sys.path.insert(0, "tools")
+sys.path.insert(0, "dev")
 import torch_draft_probe as probe
 
 lm = probe.build(True, sys.argv[1] if len(sys.argv) > 1 else None)

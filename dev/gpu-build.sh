@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On the GPU host: build llama.cpp with CUDA from the staged sdist (../shared/docs/GPU.md) and
+# On the GPU host: build llama.cpp with CUDA from the staged sdist (the team's GPU staging puts the sdist and models in .gpu/) and
 # make `localspec` importable from this checkout without network (a symlink shim in /tmp/site).
 # A build is slow (~4 min): its libraries go back under $OUT as libs.* pieces (xz, 15 MB each);
 # put them in .gpu/libs/ (or the folder LIBS names) and carry it next time to skip the build.

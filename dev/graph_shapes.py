@@ -2,7 +2,7 @@
 
 Decodes with the target in four patterns after a 200-token context and prints ms per call:
 all batch 1; alternating 1 and 9; all 9; blocks of 16 ones and 16 nines. Rolled-back tokens keep
-positions steady, as a speculative round's rejected nodes do. Usage: python3 tools/graph_shapes.py MODEL.gguf
+positions steady, as a speculative round's rejected nodes do. Usage: python3 dev/graph_shapes.py MODEL.gguf
 """
 from __future__ import annotations
 

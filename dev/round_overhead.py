@@ -6,7 +6,7 @@ the engine makes that machine's decisions while the Python phases (propose, acce
 timed here. Prints µs per round and per token for each phase, and with --profile the functions
 that spend the Python time of the named configuration (llama.cpp calls excluded from the list).
 
-Usage: python tools/round_overhead.py TARGET.gguf DRAFT.gguf BENCH.json [--limit N]
+Usage: python dev/round_overhead.py TARGET.gguf DRAFT.gguf BENCH.json [--limit N]
        [--max-tokens N] [--configs maxgram,free,adaptive] [--learn DIR] [--profile adaptive]
 """
 from __future__ import annotations
