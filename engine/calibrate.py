@@ -10,9 +10,10 @@ machine or model measures again (`localspec calibrate --refresh` does it by hand
 The curve decides which tree budgets the adaptive controller may try at all. A budget whose best
 case loses to plain decoding is dropped: best case means every drafted token accepted along a
 chain as deep as the budget allows, with acceptance `OPTIMISTIC` per depth, against a verify cost
-of n + 1 tokens plus the draft's forwards. On the 2-core CPU a 16-node tree costs 4x a plain step,
-so only small trees survive; on a GPU, where 32 tokens cost 2.6x one, all of them do. What
-survives is then chosen online by measured throughput (`budget.py`).
+of n + 1 tokens plus the draft's forwards. On a slow CPU, where each extra row costs a good part
+of a plain step, only small trees survive; on a GPU, where rows are nearly free, all of them do.
+What survives is then chosen online by measured throughput (`budget.py`). Why these constants:
+docs/decisions/0001, 0002, 0003, 0004, 0005.
 """
 from __future__ import annotations
 
@@ -34,18 +35,16 @@ from .llama_model import (TILED_MIN, LlamaModel, exact_in_process, has_tiled_min
                           set_env)
 
 # 8 and 9 both: llama.cpp's CUDA mat-vec takes up to 8 columns and a 9th moves every matmul to
-# its tiled kernel (H100: 3.5 ms, then 4.1), a step that interpolating from 8 to 12 hides
+# its tiled kernel, a step that interpolating from 8 to 12 would hide (docs/decisions/0002)
 SIZES = (1, 2, 3, 4, 5, 6, 8, 9, 12, 16, 24, 32)
 OPTIMISTIC = 0.9      # per-token acceptance assumed when asking "could this budget ever win?"
 DRAFT_SIZES = (1, 2, 4, 8)
 MAX_AGE = 30 * 24 * 3600   # seconds a cached measurement is trusted (drivers and builds change)
 _CONTEXT = 64         # tokens before the measured batch
 _REPS = 5
-# how a measurement is taken: a change re-measures cached curves. Tried and left out: timing a
-# decode until its logits are readable (llama_decode returns before a GPU is done). On the H100
-# that read one token at 1.75 ms instead of 1.69 and a change of shape at 1.51 ms instead of 0.98,
-# pruning then priced speculative rounds higher and kept fewer: edit[:40] 1.81x and chat[:40]
-# 3.02x against 1.87x and 3.37x (HumanEval all 164: 1.03x against 1.05x), same code otherwise.
+# how a measurement is taken: a change re-measures cached curves. Decodes are timed without
+# waiting for their logits: waiting (llama_decode returns before a GPU is done) overpriced
+# speculative rounds and pruning kept too little (docs/decisions/0003).
 _METHOD = "v1"
 _BURST = 4            # decodes in a row per size on a GPU: llama.cpp replays a CUDA graph from the third
 TILED_FROM = 8        # ggml's own floor for its tiled K-quant matmul (packaging/patches lets us move it)
@@ -81,10 +80,9 @@ class Costs:
     def cheap_switch(self) -> bool:
         """A change of batch shape costs less than a plain step: then a GPU's batches can take
         whatever size a round needs instead of one padded size (llama.cpp built with
-        packaging/patches keeps a CUDA graph per shape: a round trip costs 0.3-0.5 ms on the H200
-        and 1.0 ms on the H100, against 2.2-2.9 ms without it, 1.2-1.5 plain steps). At half a
-        step the H100 (0.98 ms against 1.69) fell to padded, held rounds and lost Max-Gram's gain
-        (HumanEval all 164: 0.95x where Max-Gram alone ran 1.07x)."""
+        packaging/patches keeps a CUDA graph per shape, well under a plain step; as shipped a
+        change costs more than one). A stricter threshold sent a patched GPU to padded, held
+        rounds and lost Max-Gram's gain (docs/decisions/0004)."""
         return self.switch <= self.target_cost(1)
 
     def draft_cost(self, n: int) -> float:
@@ -161,9 +159,9 @@ def measure(models: Sequence[LlamaModel], sizes: Sequence[Sequence[int]],
 def tiled_floor(target: LlamaModel, tiled: dict[int, float]) -> tuple[int, dict[int, float]]:
     """The fewest batch rows from which ggml's tiled matmul is at least as fast as its row-by-row
     path at every measured size, and the curve that floor gives. `tiled` was measured as ggml
-    ships (tiled from TILED_FROM rows). On the 2-core EPYC the tiled path lost at 8-24 rows
-    (8 rows 227 ms against 171) and won for prefill (512 tokens 4.6 s against 5.4): verifies
-    then go row by row and prompts tiled. Leaves the target's cache empty."""
+    ships (tiled from TILED_FROM rows). Where the tiled path loses at verify sizes and wins for
+    prompts, verifies go row by row and prompts tiled (docs/decisions/0005). Leaves the target's
+    cache empty."""
     big = [n for n in sorted(tiled) if n >= TILED_FROM]
     if not big:
         return TILED_FROM, tiled

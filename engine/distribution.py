@@ -96,8 +96,8 @@ def process_full_sort(row: np.ndarray, params: SamplingParams) -> Dist:
 def top_ids(row: np.ndarray, k: int) -> np.ndarray:
     """The ids of the k largest entries of `row`, largest first: exactly those of a partition of
     the whole row, found through the column maxima of its [_GROUPS, n / _GROUPS] view (the k
-    largest lie in the k columns with the largest maxima): about half the time of np.argpartition
-    over 152k logits for top-k sampling's k = 40 (2-core Xeon)."""
+    largest lie in the k columns with the largest maxima): cheaper than np.argpartition over the
+    whole row for top-k sampling's small k (docs/decisions/0016)."""
     n = row.shape[0]
     k = min(k, n)
     width = n // _GROUPS
@@ -137,12 +137,12 @@ def top_dist(row: np.ndarray, k: int) -> Dist:
     Greedy drafting ranks candidates by these (path probabilities, confidence classes); sampling
     uses `process` instead, which is exact. This runs once per drafted node on a 152k-entry row,
     so it reads the row once as a [_GROUPS, n / _GROUPS] matrix for its column maxima (an
-    elementwise max of contiguous rows: ~10 µs). The top k are exact: they lie in the k columns
+    elementwise max of contiguous rows). The top k are exact: they lie in the k columns
     with the highest maxima. The softmax sum is taken over the columns whose max lies within
     _MARGIN of the row's when those are under half the row; the rest of the vocabulary is left
-    out, which overstates the probabilities by the mass left out (on the 0.5B Qwen draft's rows a
-    median 2e-4 and at most 1.3e-2 relative). A peaked row then costs ~30 µs against ~340 µs
-    for a partition and an exp pass over the whole row (2-core Xeon).
+    out, which overstates the probabilities by the mass left out (small on a draft's peaked rows).
+    A peaked row then costs a fraction of a partition and an exp pass over the whole row
+    (docs/decisions/0016).
     """
     global _scratch
     n = row.shape[0]

@@ -1,6 +1,6 @@
 """Where speculative and plain greedy output part, and whether that is a numerical near-tie.
 
-llama.cpp's logits shift slightly with batch composition (../shared/docs/METHOD.md, "Numerics"),
+llama.cpp's logits shift slightly with batch composition (docs/exact-numerics.md),
 so greedy speculation is exact with respect to the logits the target computed, and a difference
 from a plain run is explained only if plain decoding itself stood at a near-tie there: a small gap
 between its two best logits at the first differing position. The bench reports that gap and the

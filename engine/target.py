@@ -98,8 +98,7 @@ class Target:
         the context, so no node sees it and `commit` drops it (top_up: LlamaModel.decode). Every
         round then has the same batch
         shape: on a GPU llama.cpp reuses its graph and replays its CUDA graph instead of
-        re-capturing it when the shape changes (measured on an H200: 1.78 ms per single-token
-        step when shapes hold, 2.69 ms when they alternate; tools/graph_shapes.py).
+        re-capturing it when the shape changes (docs/decisions/0008).
         """
         layout = tree.layout()
         n_paths = len(layout.leaf_seq)

@@ -36,9 +36,9 @@ from .errors import LocalspecError
 _MODEL_TYPES = ("qwen2", "llama")
 # RoPE variants whose frequencies are fixed; "dynamic" and "longrope" change with sequence length.
 _STATIC_ROPE = ("default", "linear", "llama3")
-# On CUDA, SDPA's default (cuDNN) builds a plan per new shape: ~45 ms each time the slot count S
-# grows, i.e. on nearly every draft step (H200: 58 ms vs 12 ms per 0.5B forward). The memory-
-# efficient kernel takes any (n, S) with a mask at no per-shape cost.
+# On CUDA, SDPA's default (cuDNN) builds a plan per new shape, each time the slot count S grows,
+# i.e. on nearly every draft step, at several forwards' cost. The memory-efficient kernel takes
+# any (n, S) with a mask at no per-shape cost (docs/decisions/0017).
 _CUDA_SDPA = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 # Row buckets of the static (graph) path; a larger forward (a prompt's prefill) runs eagerly.
 _ROW_BUCKETS = (1, 2, 4, 8, 16, 32)
@@ -168,7 +168,7 @@ def _decoder_layer(h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots:
 
     fused=False: attention as two batched matmuls and a softmax instead of SDPA. For a few query
     rows that is faster on a GPU: the memory-efficient kernel runs one block per KV head (2 for
-    the 0.5B draft) and took 32 us a layer on the H200, a third of the whole forward."""
+    the 0.5B draft), which leaves most of the GPU idle (docs/decisions/0017)."""
     n, d = h.shape[0], kv.shape[-1]
     g = hq // hkv
     x = _rms(h, ln1, eps)

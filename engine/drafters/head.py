@@ -16,9 +16,9 @@ the target runs its whole model. Trees grow through `grow` like the other neural
 Weights are a .npz (models/head_file.py) written by `localspec.models.head_train`. The frozen tables (the draft vocabulary's embedding and output
 rows) are read from the target's GGUF at load; other tokens' embedding rows when first met.
 
-Measured (README, "The draft head"): a step costs 0.25-0.30 ms on an H100/H200 as a CUDA graph,
-but a head trained on 0.75-2M tokens guesses the target's token in ~55% of HumanEval rounds,
-which does not pay for the rows it adds to a verify there: it is experimental (`--head`).
+A step costs a fraction of a target step on a GPU, but the heads trained so far guess the
+target's token too rarely to pay for the rows they add to a verify: it is experimental (`--head`;
+docs/decisions/0011).
 """
 from __future__ import annotations
 
@@ -126,7 +126,7 @@ class DraftHead:
         self.net.to(dev, self.dtype).eval()
         # Embedding rows: the draft vocabulary's, then _EXTRA slots filled on demand with other
         # tokens' (a root or a cheaper stage's node may be any token), dequantised from the file.
-        # Loading the whole [V, d] table took 6-15 s and 0.5 GB.
+        # Loading the whole [V, d] table would take seconds and half a gigabyte (docs/decisions/0011).
         self.emb = torch.zeros(len(self.vocab) + _EXTRA, n_embd, device=dev, dtype=self.dtype)
         self.emb[:len(self.vocab)] = torch.from_numpy(emb).to(dev, self.dtype)
         self._slot = np.full(vocab_size, -1, np.int64)                         # token -> emb row

@@ -12,7 +12,7 @@ uncaptured and captures again (H200, 0.5B draft: 1.17 ms a steady 1-token forwar
 after a change). A linear draft decodes one token per forward, its root's catch-up too, token by
 token; a wider one pads every forward to `limits.pad_rows` rows (the padding goes in the
 context's padding sequences and is removed at once). Rows are not free there: a padded 3-row
-forward took 1.55 ms, 8 rows 2.06 ms, 12 rows 3.68 ms (tools/cuda_graph_probe.py). With a
+forward took 1.55 ms, 8 rows 2.06 ms, 12 rows 3.68 ms (dev/cuda_graph_probe.py). With a
 llama.cpp that keeps a CUDA graph per shape (packaging/patches; `Costs.cheap_switch`) the session
 sets `pad` to 0 and the draft's batches take whatever size they need.
 """

@@ -146,7 +146,8 @@ class PersonalNgram:
 
     def accept(self, tokens: Sequence[int]) -> None:
         # Learnt when the drafter next proposes: on a fast GPU this stage sits out most rounds
-        # (worth.py), and learning each round's tokens cost ~17 µs of a 2 ms step.
+        # (worth.py), and learning every round's tokens would cost a noticeable share of a step
+        # (docs/decisions/0015).
         self._pending.extend(tokens)
 
     def catch_up(self) -> None:

