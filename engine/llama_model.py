@@ -4,8 +4,9 @@ Both the target and the GGUF draft use it. What the rest of the engine needs fro
 small: tokenize and detokenize, decode a batch whose tokens each carry a set of sequence ids, read
 logits as zero-copy numpy views of llama.cpp's buffer, and the memory's sequence operations. The
 context uses a unified KV cache so a token shared by several tree paths is stored once and tagged
-with every path's sequence id. llama.cpp's process-wide state (load order, log, switches) is
-engine/native.py's.
+with every path's sequence id. What llama.cpp would assert on (and abort the process for) is
+checked here first, so every command and the chat refuse it with the fix; its process-wide state
+(load order, log, switches) is engine/native.py's.
 """
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ EXACT_FIX = ("Run exact numerics on the CPU (--gpu-layers 0), or leave out --exa
              "switch off Exact numerics in the settings)")
 
 EXACT_MAX_ROWS = 63   # ggml's CPU flash attention sums each row alone below its 64-row tile
+MAX_SEQUENCES = 256   # llama.cpp's LLAMA_MAX_SEQ: more sequence ids and it refuses the context
+MAX_CTX = (1 << 31) - 1   # llama.cpp keeps positions and sizes in 32-bit integers
 
 
 def exact_in_process() -> bool:
@@ -37,6 +40,34 @@ def exact_in_process() -> bool:
 
 def default_threads() -> int:
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+
+
+def check_context(n_ctx: int, n_ctx_train: int, n_batch: int, sequences: int) -> None:
+    """Refuse, with the fix, a context llama.cpp would abort on or refuse. llama.cpp caps a batch
+    at the context size, and sizes its output buffer at creation for one row per sequence id
+    (GGML_ASSERT(n_outputs_max <= cparams.n_outputs_max), an abort): the context must hold at
+    least as many tokens as there are sequences, which speculation sets from the tree size (a
+    path per node, and as many padding sequences). llama.cpp reads n_ctx 0 as the model's trained
+    size, which can need far more memory than asked for: refused too. `n_batch` below the
+    sequences is the caller's bug."""
+    if not 1 <= n_ctx <= MAX_CTX:
+        raise LocalspecError("Invalid context size", f"--ctx {n_ctx}",
+                             f"Pass a number of tokens from 1 to {MAX_CTX} (4096 is the default; the "
+                             f"model was trained for {n_ctx_train})")
+    if sequences > MAX_SEQUENCES:
+        raise LocalspecError("Draft trees too large for llama.cpp",
+                             f"{sequences} sequences asked for (a tree's paths and its padding); "
+                             f"llama.cpp allows {MAX_SEQUENCES}",
+                             f"Use --tree-nodes {MAX_SEQUENCES // 2 - 1} or fewer")
+    if sequences > n_batch:
+        raise ValueError(f"a batch of {n_batch} rows cannot hold {sequences} sequences' outputs")
+    if n_ctx < sequences:
+        raise LocalspecError("Context too small for speculation",
+                             f"--ctx {n_ctx}: speculation here uses {sequences} sequences (a tree's "
+                             f"paths and its padding), and llama.cpp needs a context of at least as "
+                             f"many tokens",
+                             f"Use --ctx {sequences} or more (4096 is the default), lower --tree-nodes, "
+                             f"or run with --no-speculation")
 
 
 class LlamaModel:
@@ -92,6 +123,11 @@ class LlamaModel:
         self._vocab = lc.llama_model_get_vocab(self._model)
         self.vocab_size = lc.llama_vocab_n_tokens(self._vocab)
         self.n_ctx_train = lc.llama_model_n_ctx_train(self._model)
+        try:
+            check_context(n_ctx, self.n_ctx_train, n_batch, n_seq_max + n_pad_seqs)
+        except BaseException:
+            self.close()
+            raise
         cparams = lc.llama_context_default_params()
         cparams.n_ctx = n_ctx
         cparams.n_batch = n_batch
@@ -112,7 +148,7 @@ class LlamaModel:
                                  f"n_ctx={n_ctx}: {errors_since(mark)}",
                                  "Lower --ctx, or free memory (close other model runs)")
         self.n_ctx = lc.llama_n_ctx(self._ctx)
-        self.n_batch = n_batch
+        n_batch = self.n_batch = lc.llama_n_batch(self._ctx)   # at most n_ctx: llama.cpp's cap
         self.n_seq_max = n_seq_max
         self.n_pad_seqs = n_pad_seqs
         self._pad_used = 0               # padding sequences the last padded decode filled
