@@ -6,9 +6,10 @@ llama.cpp is a shared library with process-wide state; five concerns touch it an
 * Load order. llama.cpp's libraries load before numpy or torch in a process that runs a model: on
   the CUDA development host, loading a model segfaulted inside llama_model_load_from_file whenever
   numpy or torch had been imported before llama_cpp (shared-library load order). Importing this
-  module loads them; a process that runs a model imports it before anything that imports numpy
-  (app/engine_main.py, engine/session.py and engine/llama_model.py name it first). Nothing else
-  imports llama_cpp at the top of a module, so the chat UI process and `pull` never load it.
+  module loads them; the modules that call llama.cpp import it first (engine/llama_model.py,
+  engine/calibrate.py, and so engine/session.py), and so do the processes that run a model
+  before anything imports numpy (app/engine_main.py, `generate`; tests/test_layering.py checks).
+  Nothing else imports llama_cpp, so the chat UI process and `pull` never load it.
 * Aborts. ggml's abort handler runs gdb on the process, when gdb is installed, and the backtrace
   lands on stdout, the protocol's channel in the engine process and the user's text in
   `generate`: GGML_NO_BACKTRACE is set before the libraries load. (What llama.cpp asserts on is
