@@ -32,12 +32,8 @@ from localspec.engine.drafters.llama_draft import LlamaDraft
 from localspec.engine.drafters.maxgram import MaxGram
 from localspec.engine.drafters.ngram import PersonalNgram
 from localspec.engine.errors import LocalspecError
-from localspec.engine.llama_model import (
-    TILED_MIN,
-    LlamaModel,
-    default_threads,
-    gpu_offload_supported,
-)
+from localspec.engine.llama_model import LlamaModel, default_threads, gpu_offload_supported
+from localspec.engine.native import TILED_MIN
 from localspec.engine.numerics import first_difference, top2_gap
 from localspec.engine.session import (
     EngineConfig,

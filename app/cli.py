@@ -135,6 +135,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if not prompt.strip():
         raise LocalspecError("Empty prompt", "no prompt argument and nothing on stdin",
                              'Pass a prompt: localspec generate "..." --model M, or pipe one in')
+    from localspec.engine import native  # noqa: F401  (first: llama.cpp before numpy, engine/native.py)
     from localspec.engine.decode import drain
 
     sampling = _sampling(args)
@@ -263,7 +264,8 @@ def _add_calibrate(sub: argparse._SubParsersAction) -> None:
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from localspec.engine.calibrate import calibrate
     from localspec.engine.config import HEAD_LIMITS, DraftLimits, TreeBudget
-    from localspec.engine.llama_model import TILED_MIN, LlamaModel
+    from localspec.engine.llama_model import LlamaModel
+    from localspec.engine.native import TILED_MIN
 
     from .paths import head_path, resolve_models
 
@@ -349,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["--version"]:   # what argparse would print, without loading the engine
         print(f"localspec {_version()}")
         return 0
-    from localspec.engine.errors import LocalspecError   # first: llama.cpp loads before numpy
+    from localspec.engine.errors import LocalspecError
 
     args = build_parser().parse_args(argv)
     set_network_mode(args.command)

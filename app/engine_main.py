@@ -11,7 +11,6 @@ the process with its traceback on stderr (the parent reports Crashed).
 """
 from __future__ import annotations
 
-import ctypes
 import faulthandler
 import json
 import os
@@ -20,10 +19,9 @@ import signal
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import IO
 
-import localspec.engine  # noqa: F401  (llama_cpp before numpy/torch; see engine/__init__.py)
+from localspec.engine.native import gpu_name  # first: llama.cpp before numpy/torch (engine/native.py)
 from localspec.engine.config import SamplingParams, TreeBudget
 from localspec.engine.errors import LocalspecError
 from localspec.engine.session import EngineConfig, Session
@@ -223,28 +221,6 @@ def ready_event(session: Session) -> Ready:
             device = f"GPU ({gpu})"
     return Ready(str(model.path), str(session.cfg.draft) if session.cfg.draft else None, device,
                  layers, [d.name for d in session.stages])
-
-
-def gpu_name() -> str | None:
-    """The first GPU ggml registered (its description, e.g. "NVIDIA H100 80GB HBM3"), or None."""
-    import llama_cpp
-
-    try:
-        lib = ctypes.CDLL(str(Path(llama_cpp.__file__).parent / "lib" / "libggml.so"))
-    except OSError:
-        return None   # another library layout: report the device as unknown, i.e. CPU
-    lib.ggml_backend_dev_count.restype = ctypes.c_size_t
-    lib.ggml_backend_dev_get.restype = ctypes.c_void_p
-    lib.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
-    lib.ggml_backend_dev_type.restype = ctypes.c_int
-    lib.ggml_backend_dev_type.argtypes = [ctypes.c_void_p]
-    lib.ggml_backend_dev_description.restype = ctypes.c_char_p
-    lib.ggml_backend_dev_description.argtypes = [ctypes.c_void_p]
-    for i in range(lib.ggml_backend_dev_count()):
-        dev = lib.ggml_backend_dev_get(i)
-        if lib.ggml_backend_dev_type(dev) in (1, 2):   # GGML_BACKEND_DEVICE_TYPE_GPU, _IGPU
-            return lib.ggml_backend_dev_description(dev).decode(errors="replace")
-    return None
 
 
 def _claim_stdout() -> IO[str]:

@@ -63,7 +63,7 @@ def _train(args: argparse.Namespace) -> int:
     from localspec.engine import torch_lm  # noqa: F401  (torch before llama.cpp)
     from localspec.engine.drafters.head import target_tables
     from localspec.engine.llama_model import LlamaModel
-    from localspec.models.head_train import collect, function_prompts, generate_corpus, join, text_files, train
+    from localspec.engine.head_train import collect, function_prompts, generate_corpus, join, text_files, train
 
     model = model_path(args.model, "Model")
     out = Path(args.out).expanduser()

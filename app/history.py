@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Iterator
 
 from localspec.engine.errors import LocalspecError
-from localspec.models.ngram_store import data_dir
+from localspec.models.paths import data_dir
 from localspec.models.sqlite_file import open_sqlite
 
 STATES = ("streaming", "partial", "complete", "stopped", "error")

@@ -6,8 +6,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-from localspec.models import library
-
 
 def add_models_commands(sub: argparse._SubParsersAction) -> None:
     from localspec.models.registry import DEFAULT_MODEL, known_names
@@ -65,6 +63,8 @@ def cmd_pull(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
+    from localspec.models import library   # when run: building the parser loads no numpy (engine/native.py)
+
     model = library.import_model(args.name, args.target, args.draft, copy=args.copy)
     how = f"copied into {library.store_dir()}" if args.copy else "referenced in place"
     draft = f" with draft {model.draft.path.name}" if model.draft else ""
@@ -74,7 +74,7 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from localspec.models import fit
+    from localspec.models import fit, library
 
     rows = library.list_models()
     waiting = library.unfinished_downloads()
@@ -106,6 +106,8 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_rm(args: argparse.Namespace) -> int:
+    from localspec.models import library
+
     model = library.remove_model(args.name)
     kept = [f.path for f in (model.target, model.draft) if f and not f.owned]
     note = f"; your files stay where they are: {', '.join(map(str, kept))}" if kept else ""

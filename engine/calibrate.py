@@ -27,12 +27,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from .native import TILED_MIN, has_tiled_min_switch, library_stamps, switches  # first: see native.py
+
 import llama_cpp as lc
 import numpy as np
 
 from .budget import Arm
-from .llama_model import (TILED_MIN, LlamaModel, exact_in_process, has_tiled_min_switch, restore_env,
-                          set_env)
+from .llama_model import LlamaModel, exact_in_process
 
 # 8 and 9 both: llama.cpp's CUDA mat-vec takes up to 8 columns and a 9th moves every matmul to
 # its tiled kernel, a step that interpolating from 8 to 12 would hide (docs/decisions/0002)
@@ -165,11 +166,8 @@ def tiled_floor(target: LlamaModel, tiled: dict[int, float]) -> tuple[int, dict[
     big = [n for n in sorted(tiled) if n >= TILED_FROM]
     if not big:
         return TILED_FROM, tiled
-    before = set_env({TILED_MIN: str(1 << 30)})
-    try:
+    with switches({TILED_MIN: str(1 << 30)}):
         rows = measure([target], [big])[0]
-    finally:
-        restore_env(before)
     floor = next((s for s in big if all(tiled[n] <= rows[n] for n in big if n >= s)), big[-1] + 1)
     return floor, {n: (tiled[n] if n >= floor else rows.get(n, tiled[n])) for n in tiled}
 
@@ -195,25 +193,13 @@ def measure_switch(model: LlamaModel, big: int, steady: dict[int, float], pairs:
 
 def _fingerprint(models: Sequence[LlamaModel]) -> str:
     parts = [_METHOD, platform.machine(), _cpu_name(), lc.__version__,
-             lc.llama_print_system_info().decode(errors="replace"), *_library_stamps()]
+             lc.llama_print_system_info().decode(errors="replace"), *library_stamps()]
     for model in models:
         st = model.path.stat()
         parts += [str(model.path.resolve()), str(st.st_size), str(int(st.st_mtime)),
                   str(model.n_gpu_layers), str(model.n_threads), str(model.n_batch),
                   "exact" if getattr(model, "exact", False) else "fast"]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:20]
-
-
-def _library_stamps() -> list[str]:
-    """Size and mtime of the llama.cpp libraries loaded: a rebuild (another patch, another
-    backend) measures again."""
-    try:
-        from llama_cpp import llama_cpp as raw
-        folder = Path(raw._lib._name).resolve().parent
-        return [f"{f.name}:{f.stat().st_size}:{int(f.stat().st_mtime)}"
-                for f in sorted(folder.glob("*.so*")) + sorted(folder.glob("*.dylib"))]
-    except (AttributeError, OSError):
-        return []
 
 
 def _cpu_name() -> str:
@@ -290,7 +276,7 @@ def write_json(path: Path, data: dict) -> None:
 
 
 def default_cache_dir() -> Path:
-    from localspec.models.ngram_store import data_dir
+    from localspec.models.paths import data_dir
 
     return data_dir() / "calibration"
 

@@ -1,19 +1,10 @@
-"""One error type for everything a user can cause: a title, the cause, and the fix.
-
-The CLI prints these without a traceback; anything else escaping is a bug.
-"""
+"""The engine's errors: `LocalspecError` (from the bottom layer, models/errors.py, which loads
+nothing native; importing it from here keeps working) and the ones the engine words itself."""
 from __future__ import annotations
 
+from localspec.models.errors import LocalspecError
 
-class LocalspecError(Exception):
-    def __init__(self, title: str, cause: str, fix: str) -> None:
-        super().__init__(f"{title}: {cause}")
-        self.title = title
-        self.cause = cause
-        self.fix = fix
-
-    def render(self) -> str:
-        return f"Error: {self.title}\n  cause: {self.cause}\n  fix:   {self.fix}"
+__all__ = ["LocalspecError", "vocab_mismatch"]
 
 
 def vocab_mismatch(draft: str, draft_tokens: int, target: str, target_tokens: int) -> LocalspecError:

@@ -4,14 +4,17 @@ Both the target and the GGUF draft use it. What the rest of the engine needs fro
 small: tokenize and detokenize, decode a batch whose tokens each carry a set of sequence ids, read
 logits as zero-copy numpy views of llama.cpp's buffer, and the memory's sequence operations. The
 context uses a unified KV cache so a token shared by several tree paths is stored once and tagged
-with every path's sequence id. llama.cpp's log goes into a ring buffer, quoted in errors.
+with every path's sequence id. What llama.cpp would assert on (and abort the process for) is
+checked here first, so every command and the chat refuse it with the fix; its process-wide state
+(load order, log, switches) is engine/native.py's.
 """
 from __future__ import annotations
 
+from .native import (ExactNumerics, errors_since, gpu_offload_supported,  # first: see native.py
+                     has_exact_switches, last_log, log_mark)
+
 import ctypes
-import functools
 import os
-from collections import deque
 from pathlib import Path
 from typing import Sequence
 
@@ -22,113 +25,49 @@ from localspec.models.gguf_file import GGUFInfo, read_gguf
 
 from .errors import LocalspecError
 
-_LOG: deque[str] = deque(maxlen=50)
-
-
-@lc.llama_log_callback
-def _log_to_buffer(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-    if level in (2, 3) and text:  # warnings and errors
-        _LOG.append(text.decode("utf-8", errors="replace").strip())
-
-
-lc.llama_log_set(_log_to_buffer, ctypes.c_void_p(0))
-lc.llama_backend_init()
-
-
-def last_log() -> str:
-    return " | ".join(line for line in list(_LOG)[-3:] if line) or "no message from llama.cpp"
-
-
 EXACT_FIX = ("Run exact numerics on the CPU (--gpu-layers 0), or leave out --exact (in the chat: "
              "switch off Exact numerics in the settings)")
 
-
-TILED_MIN = "GGML_CPU_TILED_MM_MIN"   # packaging/patches: fewest batch rows on ggml's tiled matmul
 EXACT_MAX_ROWS = 63   # ggml's CPU flash attention sums each row alone below its 64-row tile
-_EXACT_ENV = {TILED_MIN: str(1 << 30), "GGML_CPU_FA_SPLIT_KV": "0"}
-_exact_models = 0                        # exact models open in this process
-_env_before: dict[str, str | None] = {}
-
-
-def set_env(values: dict[str, str]) -> dict[str, str | None]:
-    """Set environment variables; returns what they were (None: unset), for `restore_env`."""
-    before = {key: os.environ.get(key) for key in values}
-    os.environ.update(values)
-    return before
-
-
-def restore_env(before: dict[str, str | None]) -> None:
-    """Put back the variables `set_env` changed as they were, unset ones unset."""
-    for key, value in before.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
-
-
-def _exact_acquire() -> None:
-    """What exact numerics need from the process, through packaging/patches' switches (read by
-    ggml on every call, process-wide, so held while any exact model is open). ggml's tiled
-    K-quant matmul, taken from 8 rows of a batch up, sums in another order than the one-row
-    path: its row floor goes out of reach. ggml's flash attention splits a single query's KV
-    cells over threads once 512 are in view (a context past 256 tokens), which a batch's rows
-    never do: off."""
-    global _exact_models
-    if _exact_models == 0:
-        _env_before.clear()
-        _env_before.update(set_env(_EXACT_ENV))
-    _exact_models += 1
-
-
-def _exact_release() -> None:
-    global _exact_models
-    _exact_models -= 1
-    if _exact_models == 0:
-        restore_env(_env_before)
+MAX_SEQUENCES = 256   # llama.cpp's LLAMA_MAX_SEQ: more sequence ids and it refuses the context
+MAX_CTX = (1 << 31) - 1   # llama.cpp keeps positions and sizes in 32-bit integers
 
 
 def exact_in_process() -> bool:
     """Whether an exact model is open in this process (its switches are process-wide)."""
-    return _exact_models > 0
-
-
-@functools.cache   # the libraries loaded do not change within a process
-def _has_marker(symbol: str) -> bool:
-    """Whether a llama.cpp library next to the one llama-cpp-python loaded exports `symbol` (the
-    CPU backend is its own library in llama-cpp-python's builds, or linked into ggml or llama)."""
-    try:
-        from llama_cpp import llama_cpp as raw
-        folder = Path(raw._lib._name).resolve().parent
-    except (AttributeError, OSError, TypeError):
-        return False
-    libs = [f for pattern in ("libggml*.so*", "libllama*.so*", "libggml*.dylib", "libllama*.dylib")
-            for f in sorted(folder.glob(pattern))]
-    for lib in libs:
-        try:
-            if hasattr(ctypes.CDLL(str(lib)), symbol):
-                return True
-        except OSError:
-            continue
-    return False
-
-
-def has_exact_switches() -> bool:
-    """Whether the llama.cpp libraries loaded carry packaging/patches' switches (exact numerics
-    need both: GGML_CPU_FA_SPLIT_KV and GGML_CPU_TILED_MM_MIN)."""
-    return _has_marker("localspec_fa_split_kv_switch") and _has_marker("localspec_tiled_mm_min_switch")
-
-
-def has_tiled_min_switch() -> bool:
-    """Whether GGML_CPU_TILED_MM_MIN (packaging/patches) steers ggml's tiled matmul here."""
-    return _has_marker("localspec_tiled_mm_min_switch")
-
-
-def gpu_offload_supported() -> bool:
-    return bool(lc.llama_supports_gpu_offload())
+    return ExactNumerics.held()
 
 
 def default_threads() -> int:
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+
+
+def check_context(n_ctx: int, n_ctx_train: int, n_batch: int, sequences: int) -> None:
+    """Refuse, with the fix, a context llama.cpp would abort on or refuse. llama.cpp caps a batch
+    at the context size, and sizes its output buffer at creation for one row per sequence id
+    (GGML_ASSERT(n_outputs_max <= cparams.n_outputs_max), an abort): the context must hold at
+    least as many tokens as there are sequences, which speculation sets from the tree size (a
+    path per node, and as many padding sequences). llama.cpp reads n_ctx 0 as the model's trained
+    size, which can need far more memory than asked for: refused too. `n_batch` below the
+    sequences is the caller's bug."""
+    if not 1 <= n_ctx <= MAX_CTX:
+        raise LocalspecError("Invalid context size", f"--ctx {n_ctx}",
+                             f"Pass a number of tokens from 1 to {MAX_CTX} (4096 is the default; the "
+                             f"model was trained for {n_ctx_train})")
+    if sequences > MAX_SEQUENCES:
+        raise LocalspecError("Draft trees too large for llama.cpp",
+                             f"{sequences} sequences asked for (a tree's paths and its padding); "
+                             f"llama.cpp allows {MAX_SEQUENCES}",
+                             f"Use --tree-nodes {MAX_SEQUENCES // 2 - 1} or fewer")
+    if sequences > n_batch:
+        raise ValueError(f"a batch of {n_batch} rows cannot hold {sequences} sequences' outputs")
+    if n_ctx < sequences:
+        raise LocalspecError("Context too small for speculation",
+                             f"--ctx {n_ctx}: speculation here uses {sequences} sequences (a tree's "
+                             f"paths and its padding), and llama.cpp needs a context of at least as "
+                             f"many tokens",
+                             f"Use --ctx {sequences} or more (4096 is the default), lower --tree-nodes, "
+                             f"or run with --no-speculation")
 
 
 class LlamaModel:
@@ -147,8 +86,10 @@ class LlamaModel:
         llama.cpp's batched matmuls sum in another order: differences up to ~0.4, which flip
         near-ties, ../shared/docs/METHOD.md). It costs speed: no repacked weights (their batched
         kernel differs from the one-row kernel), flash attention on (its per-row loop is the
-        same for 1..63 rows), no tiled matmul and no split-KV attention (`_exact_acquire`).
+        same for 1..63 rows), no tiled matmul and no split-KV attention (native.ExactNumerics, held while open).
         Checked at load."""
+        self._model = self._ctx = None
+        self._exact: ExactNumerics | None = None
         self.info: GGUFInfo = read_gguf(path)
         self.path = self.info.path
         self.exact = exact
@@ -165,22 +106,28 @@ class LlamaModel:
                                  "Reinstall with `make install` (it builds llama-cpp-python with "
                                  "packaging/patches), or leave out --exact")
         if exact:
-            _exact_acquire()
-            self._holds_exact = True
+            self._exact = ExactNumerics().__enter__()
         mparams = lc.llama_model_default_params()
         mparams.n_gpu_layers = gpu_layers
         if exact:
             mparams.use_extra_bufts = False
+        mark = log_mark()
         self._model = lc.llama_model_load_from_file(str(self.path).encode(), mparams)
         if not self._model:
+            self.close()
             raise LocalspecError("llama.cpp could not load the model",
-                                 f"'{self.path}': {last_log()}",
+                                 f"'{self.path}': {errors_since(mark)}",
                                  "Check the file is a complete GGUF of an architecture this "
                                  "llama.cpp supports; re-download it if unsure")
         self.n_gpu_layers = mparams.n_gpu_layers
         self._vocab = lc.llama_model_get_vocab(self._model)
         self.vocab_size = lc.llama_vocab_n_tokens(self._vocab)
         self.n_ctx_train = lc.llama_model_n_ctx_train(self._model)
+        try:
+            check_context(n_ctx, self.n_ctx_train, n_batch, n_seq_max + n_pad_seqs)
+        except BaseException:
+            self.close()
+            raise
         cparams = lc.llama_context_default_params()
         cparams.n_ctx = n_ctx
         cparams.n_batch = n_batch
@@ -193,14 +140,15 @@ class LlamaModel:
         threads = self.n_threads = n_threads or default_threads()
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
+        mark = log_mark()
         self._ctx = lc.llama_init_from_model(self._model, cparams)
         if not self._ctx:
-            lc.llama_model_free(self._model)
+            self.close()
             raise LocalspecError("llama.cpp could not create a context",
-                                 f"n_ctx={n_ctx}: {last_log()}",
+                                 f"n_ctx={n_ctx}: {errors_since(mark)}",
                                  "Lower --ctx, or free memory (close other model runs)")
         self.n_ctx = lc.llama_n_ctx(self._ctx)
-        self.n_batch = n_batch
+        n_batch = self.n_batch = lc.llama_n_batch(self._ctx)   # at most n_ctx: llama.cpp's cap
         self.n_seq_max = n_seq_max
         self.n_pad_seqs = n_pad_seqs
         self._pad_used = 0               # padding sequences the last padded decode filled
@@ -451,14 +399,16 @@ class LlamaModel:
         lc.llama_memory_clear(self._mem, True)
 
     def close(self) -> None:
-        if getattr(self, "_holds_exact", False):
-            self._holds_exact = False
-            _exact_release()
         if getattr(self, "_ctx", None):
             lc.llama_batch_free(self._batch)
             lc.llama_free(self._ctx)
-            lc.llama_model_free(self._model)
             self._ctx = None
+        if getattr(self, "_model", None):
+            lc.llama_model_free(self._model)
+            self._model = None
+        if getattr(self, "_exact", None) is not None:
+            self._exact, exact = None, self._exact
+            exact.__exit__(None, None, None)
 
     def __del__(self) -> None:
         self.close()

@@ -16,7 +16,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from localspec.engine.errors import LocalspecError
+from localspec.models.errors import LocalspecError
 from localspec.models.gguf_file import GGUFInfo, read_gguf
 
 CONTEXT = 4096          # tokens: the estimate's context (the CLI's default --ctx)

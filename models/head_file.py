@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from localspec.engine.errors import LocalspecError
+from localspec.models.errors import LocalspecError
 
 FORMAT = "localspec-head-1"
 ARRAYS = ("w_in", "w1", "w2", "norm")

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
-from localspec.engine.errors import LocalspecError
+from localspec.models.errors import LocalspecError
 from localspec.models.gguf_file import Vocabulary, header_vocabulary
 
 CHUNK = 1 << 20                       # bytes per read of a probe or of a file being hashed

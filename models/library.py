@@ -34,10 +34,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from localspec.engine.errors import LocalspecError
+from localspec.models.errors import LocalspecError
 from localspec.models import torch_draft
 from localspec.models.gguf_file import GGUFInfo, Vocabulary, file_vocabulary, read_gguf
-from localspec.models.ngram_store import data_dir
+from localspec.models.paths import data_dir
 
 MANIFEST = "manifest.json"
 MANIFEST_VERSION = 1

@@ -25,7 +25,6 @@ Why it is shaped so:
 from __future__ import annotations
 
 import hashlib
-import os
 import sqlite3
 import struct
 import threading
@@ -36,8 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
-import platformdirs
-from localspec.engine.errors import LocalspecError
+from localspec.models.errors import LocalspecError
+from localspec.models.paths import data_dir
 from localspec.models.sqlite_file import open_sqlite
 
 KINDS = ("conversation", "file")
@@ -68,12 +67,6 @@ MIGRATIONS: tuple[tuple[str, str], ...] = (
         INSERT INTO meta VALUES ('revision', '0');
     """),
 )
-
-
-def data_dir() -> Path:
-    """Where localspec keeps user data: $LOCALSPEC_DATA_DIR, else the platform's user data dir."""
-    override = os.environ.get("LOCALSPEC_DATA_DIR")
-    return Path(override) if override else Path(platformdirs.user_data_dir("localspec"))
 
 
 def store_dir(root: Path | None = None) -> Path:

@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from localspec.engine.errors import LocalspecError
+from localspec.models.errors import LocalspecError
 from localspec.models import hub, library, registry, torch_draft
 from localspec.models.hub import RemoteFile, RepoListing
 

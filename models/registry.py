@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from localspec.engine.errors import LocalspecError
+from localspec.models.errors import LocalspecError
 
 
 @dataclass(frozen=True)

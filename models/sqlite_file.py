@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-from localspec.engine.errors import LocalspecError
+from localspec.models.errors import LocalspecError
 
 
 def open_sqlite(path: Path, migrations: Sequence[tuple[str, str]], *, what: str,

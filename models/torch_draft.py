@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from localspec.engine.errors import LocalspecError
+from localspec.models.errors import LocalspecError
 from localspec.models.gguf_file import token_texts
 
 WANTED = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",

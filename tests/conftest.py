@@ -58,7 +58,7 @@ def real_pair() -> tuple[Path, Path]:
 def tiny_head(tiny, tmp_path_factory) -> Path:
     """A draft head for the tiny target, trained on its own corpus (a few seconds on a CPU)."""
     from localspec.engine.llama_model import LlamaModel
-    from localspec.models.head_train import collect, train
+    from localspec.engine.head_train import collect, train
     from tiny_models import build_corpus
 
     model = LlamaModel(tiny.target_gguf, n_ctx=256, n_batch=256, n_seq_max=1, hidden=True, n_threads=1)

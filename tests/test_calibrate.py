@@ -45,7 +45,8 @@ def test_measured_curve_is_cached_per_model_and_machine(tiny, tmp_path, monkeypa
 def test_a_load_reads_the_cache_file_once(tiny, tmp_path, monkeypatch):
     """The curve, the tiled floor (on a CPU with packaging/patches) and what is measured come from
     one read of the cache file, whether the load measures or finds everything cached."""
-    from localspec.engine.llama_model import exact_in_process, has_tiled_min_switch
+    from localspec.engine.llama_model import exact_in_process
+    from localspec.engine.native import has_tiled_min_switch
 
     monkeypatch.setenv(cal.TILED_MIN, str(cal.TILED_FROM))   # restored after the test
     reads = []
@@ -176,7 +177,8 @@ def test_tiled_floor_is_where_the_tiled_path_stops_losing(monkeypatch):
 def test_calibration_sets_the_tiled_floor_it_measured(real_pair, tmp_path, monkeypatch):
     """On a CPU with packaging/patches, calibration measures ggml's tiled matmul against its
     row-by-row path, caches the floor, and steers llama.cpp by it (GGML_CPU_TILED_MM_MIN)."""
-    from localspec.engine.llama_model import exact_in_process, has_tiled_min_switch
+    from localspec.engine.llama_model import exact_in_process
+    from localspec.engine.native import has_tiled_min_switch
 
     if exact_in_process():
         pytest.skip("an exact model ran in this process: the floor is pinned out of reach")

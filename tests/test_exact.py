@@ -11,7 +11,7 @@ import llama_cpp as lc
 import numpy as np
 import pytest
 
-from localspec.engine import llama_model
+from localspec.engine import llama_model, native
 from localspec.engine import session as session_module
 from localspec.engine.budget import AdaptiveBudget
 from localspec.engine.calibrate import Costs
@@ -86,9 +86,9 @@ def test_exact_tree_batch_rows_equal_each_path_decoded_alone(quantised):
 def test_exact_switches_are_held_while_an_exact_model_is_open(quantised, monkeypatch):
     """The switches are process-wide: set by the first exact model opened, kept while any is
     open, and given back as they were (a user's value, or unset) when the last one closes."""
-    switches = llama_model._EXACT_ENV
+    switches = native.EXACT_SWITCHES
     if not llama_model.exact_in_process():
-        monkeypatch.setenv(llama_model.TILED_MIN, "12")           # a user's own value
+        monkeypatch.setenv(native.TILED_MIN, "12")           # a user's own value
         monkeypatch.delenv("GGML_CPU_FA_SPLIT_KV", raising=False)
     before = {key: os.environ.get(key) for key in switches}
     first = LlamaModel(quantised, n_ctx=256, n_threads=1, exact=True)
@@ -133,7 +133,7 @@ def test_exact_speculation_emits_plain_tokens(tiny, quantised, plain_exact, name
 def test_exact_rows_past_256_cells_of_context_equal_one_at_a_time(quantised):
     """Past 256 cells ggml's flash attention views 512 and splits a single query's cells over
     threads; exact numerics switch that off (packaging/patches), so long contexts stay exact."""
-    assert llama_model.has_exact_switches(), "llama.cpp was built without packaging/patches"
+    assert native.has_exact_switches(), "llama.cpp was built without packaging/patches"
     model = LlamaModel(quantised, n_ctx=1024, n_seq_max=2, n_threads=2, exact=True)
     try:
         context = [(7 * i + 3) % model.vocab_size for i in range(300)]

@@ -115,7 +115,7 @@ def generate_corpus(model, prompts: Iterable[str], max_tokens: int, gen_tokens: 
         raise ValueError("generate_corpus() needs the target opened with hidden=True")
     import torch
 
-    from localspec.engine.drafters.head import target_tables
+    from .drafters.head import target_tables
 
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if out_all is None:
@@ -197,8 +197,9 @@ def train(corpus: Corpus, target_gguf: Path, out: Path, *, vocab_size: int = 327
     import torch
     import torch.nn.functional as F
 
-    from localspec.engine.drafters.head import HeadNet, target_tables
     from localspec.models.head_file import save_head
+
+    from .drafters.head import HeadNet, target_tables
 
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     gen = torch.Generator().manual_seed(seed)

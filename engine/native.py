@@ -1,0 +1,204 @@
+"""llama.cpp's process-wide state, owned in one place: load order, its libraries, its log, and the
+numerics switches.
+
+llama.cpp is a shared library with process-wide state; five concerns touch it and each has one rule:
+
+* Load order. llama.cpp's libraries load before numpy or torch in a process that runs a model: on
+  the CUDA development host, loading a model segfaulted inside llama_model_load_from_file whenever
+  numpy or torch had been imported before llama_cpp (shared-library load order). Importing this
+  module loads them; the modules that call llama.cpp import it first (engine/llama_model.py,
+  engine/calibrate.py, and so engine/session.py), and so do the processes that run a model
+  before anything imports numpy (app/engine_main.py, `generate`; tests/test_layering.py checks).
+  Nothing else imports llama_cpp, so the chat UI process and `pull` never load it.
+* Aborts. ggml's abort handler runs gdb on the process, when gdb is installed, and the backtrace
+  lands on stdout, the protocol's channel in the engine process and the user's text in
+  `generate`: GGML_NO_BACKTRACE is set before the libraries load. (What llama.cpp asserts on is
+  validated before calling it, engine/llama_model.py: an abort is a bug, not an error message.)
+* Library discovery: the folder llama-cpp-python loaded libllama from (LLAMA_CPP_LIB_PATH
+  included) and the libggml / libllama files in it, for the patch markers, calibration's
+  fingerprint and the GPU name.
+* The log: llama.cpp's log callback keeps warnings and errors in a ring buffer; an error quotes
+  the error lines llama.cpp logged during the failing call, not the log's tail.
+* Numerics switches: packaging/patches' environment variables, read by ggml on every call,
+  process-wide. `switches` sets them for a `with` block and puts back what was there.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+from collections import deque
+from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
+from typing import Iterator
+
+os.environ.setdefault("GGML_NO_BACKTRACE", "1")   # before the libraries load (see above)
+
+import llama_cpp as lc  # noqa: E402  (after the environment above)
+from llama_cpp import llama_cpp as _raw  # noqa: E402
+
+TILED_MIN = "GGML_CPU_TILED_MM_MIN"   # packaging/patches: fewest batch rows on ggml's tiled matmul
+FA_SPLIT_KV = "GGML_CPU_FA_SPLIT_KV"  # packaging/patches: 0 keeps one query's KV cells on one thread
+
+
+# ---- the log ------------------------------------------------------------------------------------
+_WARN, _ERROR, _CONT = 3, 4, 5        # ggml_log_level
+_LOG: deque[tuple[int, int, str]] = deque(maxlen=50)   # (serial, level, text): warnings and errors
+_serial = 0                            # lines seen so far, for `errors_since`
+_last_level = 0
+
+
+@lc.llama_log_callback
+def _log_to_buffer(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    global _serial, _last_level
+    line = text.decode("utf-8", errors="replace") if text else ""
+    if level == _CONT:                # the rest of the previous line
+        if _LOG and _last_level in (_WARN, _ERROR) and _LOG[-1][0] == _serial:
+            serial, lvl, head = _LOG.pop()
+            _LOG.append((serial, lvl, head + line))
+        return
+    _last_level = level
+    if level in (_WARN, _ERROR) and line.strip():
+        _serial += 1
+        _LOG.append((_serial, level, line))
+
+
+lc.llama_log_set(_log_to_buffer, ctypes.c_void_p(0))
+lc.llama_backend_init()
+
+
+def log_mark() -> int:
+    """A point in llama.cpp's log, for `errors_since`."""
+    return _serial
+
+
+def errors_since(mark: int) -> str:
+    """What llama.cpp logged as errors after `mark`; failing that its last warnings; failing that a
+    plain statement that it said nothing."""
+    fresh = [(level, text.strip()) for serial, level, text in _LOG if serial > mark]
+    errors = [text for level, text in fresh if level == _ERROR]
+    return " | ".join(errors or [text for _, text in fresh][-3:]) or "no message from llama.cpp"
+
+
+def last_log() -> str:
+    """llama.cpp's last three warning or error lines."""
+    return " | ".join(text.strip() for _, _, text in list(_LOG)[-3:]) or "no message from llama.cpp"
+
+
+# ---- the libraries ------------------------------------------------------------------------------
+def library_folder() -> Path:
+    """The folder llama-cpp-python loaded libllama from."""
+    return Path(_raw._lib._name).resolve().parent
+
+
+@functools.cache   # the libraries loaded do not change within a process
+def libraries() -> tuple[Path, ...]:
+    """llama.cpp's libraries next to the one loaded: ggml's (its CPU backend is its own library in
+    llama-cpp-python's builds, or linked into ggml or llama) and llama's."""
+    folder = library_folder()
+    return tuple(f for pattern in ("libggml*.so*", "libllama*.so*", "libggml*.dylib", "libllama*.dylib")
+                 for f in sorted(folder.glob(pattern)))
+
+
+def library_stamps() -> list[str]:
+    """Name, size and mtime of each library: a rebuild (another patch, another backend) shows."""
+    return [f"{f.name}:{f.stat().st_size}:{int(f.stat().st_mtime)}" for f in libraries()]
+
+
+@functools.cache
+def has_marker(symbol: str) -> bool:
+    """Whether one of llama.cpp's libraries exports `symbol` (packaging/patches' markers)."""
+    for lib in libraries():
+        try:
+            if hasattr(ctypes.CDLL(str(lib)), symbol):
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def has_exact_switches() -> bool:
+    """Whether the libraries loaded carry both of packaging/patches' switches exact numerics need
+    (FA_SPLIT_KV and TILED_MIN)."""
+    return has_marker("localspec_fa_split_kv_switch") and has_marker("localspec_tiled_mm_min_switch")
+
+
+def has_tiled_min_switch() -> bool:
+    """Whether TILED_MIN (packaging/patches) steers ggml's tiled matmul here."""
+    return has_marker("localspec_tiled_mm_min_switch")
+
+
+def gpu_offload_supported() -> bool:
+    return bool(lc.llama_supports_gpu_offload())
+
+
+def gpu_name() -> str | None:
+    """The first GPU ggml registered (its description, e.g. "NVIDIA H100 80GB HBM3"), or None."""
+    ggml = next((f for f in libraries() if f.name in ("libggml.so", "libggml.dylib")), None)
+    if ggml is None:
+        return None   # another library layout: report the device as unknown, i.e. CPU
+    lib = ctypes.CDLL(str(ggml))
+    lib.ggml_backend_dev_count.restype = ctypes.c_size_t
+    lib.ggml_backend_dev_get.restype = ctypes.c_void_p
+    lib.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
+    lib.ggml_backend_dev_type.restype = ctypes.c_int
+    lib.ggml_backend_dev_type.argtypes = [ctypes.c_void_p]
+    lib.ggml_backend_dev_description.restype = ctypes.c_char_p
+    lib.ggml_backend_dev_description.argtypes = [ctypes.c_void_p]
+    for i in range(lib.ggml_backend_dev_count()):
+        dev = lib.ggml_backend_dev_get(i)
+        if lib.ggml_backend_dev_type(dev) in (1, 2):   # GGML_BACKEND_DEVICE_TYPE_GPU, _IGPU
+            return lib.ggml_backend_dev_description(dev).decode(errors="replace")
+    return None
+
+
+# ---- numerics switches --------------------------------------------------------------------------
+@contextmanager
+def switches(values: dict[str, str]) -> Iterator[None]:
+    """Set llama.cpp's environment switches for the block; afterwards each is as it was (unset
+    ones unset). Nested blocks unwind in order."""
+    before = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+EXACT_SWITCHES = {TILED_MIN: str(1 << 30), FA_SPLIT_KV: "0"}
+
+
+class ExactNumerics:
+    """What exact numerics need from the process, held while any exact model is open (the switches
+    are process-wide): ggml's tiled K-quant matmul, taken from 8 rows of a batch up, sums in
+    another order than the one-row path, so its row floor goes out of reach; ggml's flash
+    attention splits a single query's KV cells over threads once 512 are in view (a context past
+    256 tokens), which a batch's rows never do, so that is off. A context manager: the first
+    holder sets the switches, the last one out puts back what was there."""
+
+    _holders = 0
+    _block: AbstractContextManager[None] | None = None
+
+    def __enter__(self) -> "ExactNumerics":
+        cls = type(self)
+        if cls._holders == 0:
+            cls._block = switches(EXACT_SWITCHES)
+            cls._block.__enter__()
+        cls._holders += 1
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        cls = type(self)
+        cls._holders -= 1
+        if cls._holders == 0:
+            block, cls._block = cls._block, None
+            block.__exit__(None, None, None)
+
+    @classmethod
+    def held(cls) -> bool:
+        """Whether an exact model is open in this process."""
+        return cls._holders > 0
