@@ -44,22 +44,44 @@ class Plan:
 
 
 class Policy(Protocol):
+    """What the decode loop asks a policy, in a round's order."""
+
     arms: tuple[Arm, ...]
     dropped: tuple[Arm, ...]       # arms ruled out by the calibration before any round
     bandit: AdaptiveBudget | None  # the choice among several arms (bench records its trace)
-    shapes: Shapes
+    shapes: Shapes                 # how the target's batches are padded (Shapes.padding)
 
-    def begin(self) -> None: ...
-    def plan(self, room: int) -> Plan: ...
-    def runs(self, stage: int) -> bool: ...
-    def ran(self, stage: int, seconds: float) -> None: ...
-    def select(self, tree: DraftTree) -> DraftTree: ...
-    def likelihood(self, tree: DraftTree) -> list[float]: ...
+    def begin(self) -> None:
+        """A generation starts."""
+
+    def plan(self, room: int) -> Plan:
+        """This round's tree, with at most `room` nodes below the root."""
+
+    def runs(self, stage: int) -> bool:
+        """Whether free stage `stage`, which has room left, grows the tree this round."""
+
+    def ran(self, stage: int, seconds: float) -> None:
+        """The seconds free stage `stage` took to propose, where `runs` let it."""
+
+    def select(self, tree: DraftTree) -> DraftTree:
+        """The part of the drafted tree to verify: `tree` itself or a copy."""
+
+    def likelihood(self, tree: DraftTree) -> list[float]:
+        """[tree.n] a score per node, higher for likelier (exact numerics' order)."""
+
     def observe(self, tree: DraftTree, path: tuple[int, ...], tokens: list[int], greedy: bool,
-                started: float) -> None: ...
-    def summary(self) -> dict: ...
-    def learnt(self) -> dict: ...
-    def resume(self, learnt: dict) -> None: ...
+                started: float) -> None:
+        """The round verified `tree`, accepted `path` and committed `tokens`; it began at
+        `started` (time.perf_counter)."""
+
+    def summary(self) -> dict:
+        """Measured tok/s and rounds per arm (DecodeStats.budget); {} where nothing is chosen."""
+
+    def learnt(self) -> dict:
+        """What to start the next run over the same stages from (JSON-ready)."""
+
+    def resume(self, learnt: dict) -> None:
+        """Start from an earlier `learnt()`; parts that do not fit are ignored."""
 
 
 def route(arm: Arm, stages: Sequence[Drafter]) -> tuple[tuple[int, ...], bool]:
