@@ -35,6 +35,7 @@ from localspec.engine.errors import LocalspecError
 from localspec.engine.llama_model import LlamaModel, default_threads, gpu_offload_supported
 from localspec.engine.native import TILED_MIN
 from localspec.engine.numerics import first_difference, top2_gap
+from localspec.engine.policy import make_policy
 from localspec.engine.session import (
     EngineConfig,
     Session,
@@ -181,11 +182,10 @@ def _engines(target_session: Session, draft_model, store,
                 skipped[name] = missing
             continue
         own = head_costs if "head" in cfg.stages else costs
-        engine = engines[name] = Engine(target_session.engine.target, stages, cfg.budget,
-                                        own if cfg.budget.adaptive else None,
-                                        stable_shapes=gpu)
-        if engine.controller is not None:
-            engine.controller.trace = []
+        policy = make_policy(cfg.budget, stages, own if cfg.budget.adaptive else None, offloaded=gpu)
+        engines[name] = Engine(target_session.engine.target, stages, policy)
+        if policy.bandit is not None:
+            policy.bandit.trace = []
     return engines
 
 
@@ -263,11 +263,12 @@ def run_bench(target: Path, draft: Path | None, prompts: Sequence[Prompt], names
             report["calibration"] = costs.to_dict()
             if session.model.n_gpu_layers == 0 and TILED_MIN in os.environ:
                 report["calibration"]["ggml_tiled_min_rows"] = int(os.environ[TILED_MIN])
-            report["dropped_arms"] = {n: [str(a) for a in e.dropped] for n, e in engines.items() if e.dropped}
-        traces = {n: {"arms": [str(a) for a in e.controller.arms],
+            report["dropped_arms"] = {n: [str(a) for a in e.policy.dropped]
+                                      for n, e in engines.items() if e.policy.dropped}
+        traces = {n: {"arms": [str(a) for a in e.policy.bandit.arms],
                       "runs": [[a, k, t, round(1e3 * sec, 2), rates] for a, k, t, sec, rates
-                               in e.controller.trace[:_TRACE_RUNS]]}
-                  for n, e in engines.items() if e.controller is not None and e.controller.trace}
+                               in e.policy.bandit.trace[:_TRACE_RUNS]]}
+                  for n, e in engines.items() if e.policy.bandit is not None and e.policy.bandit.trace}
         if traces:   # [arm, rounds, tokens, ms, every arm's tok/s estimate when the run began]
             report["budget_trace"] = traces
         problems = [p.problem for p in prompts]

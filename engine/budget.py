@@ -7,13 +7,12 @@ bookkeeping), so its estimate is measured throughput, not a model of it. It play
 best estimate and probes the others now and then so estimates follow the text as it changes
 character (prose vs. a repeated code block): an arm close to the best is probed every
 `explore_every` rounds, one far below it rarely (the interval grows with the square of how far),
-because on a slow CPU a single probe of a big tree costs ten plain rounds. A probe of an arm
-without models plays it `PROBE_ROUNDS` rounds in a row and estimates decay slowly (2% a play): on the 2-core CPU single
-probe rounds of the free arm (1 token or 5) with a 5% decay left its estimate at the mercy of one
-unlucky round, and the bandit played plain 1,539 of 2,531 rounds while the free arm's own rounds
-ran 17.7 tok/s against 14.7 (a simulation of those two arms: 15.2 tok/s then, 16.8 now, 17.7 at
-best). When speculation loses to plain decoding on this machine, the plain arm wins and
-speculation stays off but for the probes (with six losing arms they cost ~6%).
+because on a slow CPU a single probe of a big tree costs many plain rounds. A probe of an arm
+without models plays it `PROBE_ROUNDS` rounds in a row and estimates decay slowly (2% a play):
+one free round yields either 1 token or several, so single probe rounds with a fast decay left
+the free arm's estimate at the mercy of one unlucky round, and the bandit kept to plain where the
+free arm was faster. When speculation loses to plain decoding on this machine, the plain arm wins
+and speculation stays off but for the probes.
 
 Greedy output does not depend on the arm. Sampled output stays exactly distributed, but which
 random draws happen depends on tree shapes, so a seed reproduces output only with a fixed budget.
@@ -43,16 +42,15 @@ class Arm:
 class AdaptiveBudget:
     # While a model arm leads, the arms without models are probed this often (times the square of
     # how far they trail): probing them costs no draft catch-up, and a stale estimate of the free
-    # arm kept the H200 on the draft's 8-node arm for 609 of 3,338 rounds at T=0.7 (0.89x where
-    # Max-Gram alone ran 1.07x): easy stretches lift whichever arm is being played. Estimates age
-    # only with their arm's own plays: aging them with the rounds gone by as well (tried) let one
-    # probe round after a long plain stretch (1 token in 134 ms) set the free arm's estimate, and
-    # on the 2-core CPU it then played 519 of 2,645 rounds at 18.9 tok/s instead of 1,315
-    # (HumanEval[:20] 1.05x against 1.10x).
+    # arm kept a GPU on a draft arm for long stretches where Max-Gram alone was faster (easy
+    # stretches lift whichever arm is being played). Estimates age only with their arm's own
+    # plays: aged with the rounds gone by as well, one probe round after a long plain stretch set
+    # the free arm's estimate alone, and the free arm was played far less than it paid.
     CHEAP_EVERY = 8
     # A probe of an arm without models plays it this many rounds in a row: one round says little
-    # (a free round that verified a guess yields 1 token or 5). A draft arm's probe stays one
-    # round: bursts of them cost the H200 119 rounds at ~190 tok/s on HumanEval[:40] (0.98x).
+    # (a free round that verified a guess yields 1 token or several). A draft arm's probe stays
+    # one round: its rounds cost several plain steps each, so bursts of them cost more than they
+    # told.
     PROBE_ROUNDS = 4
 
     def __init__(self, arms: tuple[Arm, ...], explore_every: int = 64, decay: float = 0.98,
@@ -97,8 +95,8 @@ class AdaptiveBudget:
             every = (self.CHEAP_EVERY if self.arms[best].drafts_with_models
                      and not self.arms[arm].drafts_with_models else self.explore_every)
             self._next_probe[arm] = self._round + min(self.max_interval, int(every * ratio * ratio))
-            if not self.arms[arm].drafts_with_models:   # a model arm's probe rounds cost 3-5
-                self._burst = (arm, self.PROBE_ROUNDS - 1)   # plain steps each (H200): one only
+            if not self.arms[arm].drafts_with_models:   # a model arm's probe: one round only
+                self._burst = (arm, self.PROBE_ROUNDS - 1)
             return arm
         return best
 

@@ -33,9 +33,7 @@ class SamplingParams:
 DEFAULT_TREE_NODES = 32   # largest adaptive tree: a long Max-Gram copy, pruned to what pays
 # Max-Gram's chains verified whole, up to this many nodes: a GPU's second free arm (TreeBudget.arms).
 # 7, so that a verify (root + chain) stays at 8 rows: llama.cpp's CUDA mat-vec kernel takes at most
-# 8 columns, and a 9th moves every matmul to its tiled kernel (H100: 8 rows 3.5 ms, 9 rows 4.1 ms,
-# docs/bench/h100/verify-cost-by-size-s8.txt). Same runs, 8 -> 7: HumanEval[:40] 1.09x -> 1.13x,
-# T=0.7 1.02x -> 1.06x, edit[:20] 1.95x -> 2.11x, chat[:20] 3.41x -> 3.64x (*-copy7-s8.json).
+# 8 columns, and a 9th moves every matmul to its slower tiled kernel.
 COPY_NODES = 7
 
 
@@ -58,13 +56,11 @@ class TreeBudget:
         picks the free drafters' size round by round, so they get one arm, the largest. Such an
         arm can stand in for plain decoding (plain=False): a round whose guesses do not pay is
         pruned to its root, a plain step. Where the controller's choice is held for many rounds
-        (GPUs, decode.HOLD) that is better: a held plain arm kept speculation off for whole
-        stretches, also where a long Max-Gram match would have paid (H200 edits 1.05x -> 1.75x).
-        Where it chooses every round (CPUs) a plain arm stays as a check on pruning's estimates,
-        which are optimistic on HumanEval there (2-core CPU, HumanEval[:20]: 1.04x without).
-        On a GPU the check goes the other way: pruning was conservative on HumanEval (H100, all
-        164: the pruned free arm 1.00x where Max-Gram's 8-node chains verified whole ran 1.09x),
-        so Max-Gram alone, unpruned, is a second free arm there (COPY_NODES)."""
+        (GPUs, policy.HOLD) that is better: a held plain arm kept speculation off for whole
+        stretches, also where a long Max-Gram match would have paid. Where it chooses every round
+        (CPUs) a plain arm stays as a check on pruning's estimates, which can be optimistic there.
+        On a GPU the check goes the other way: pruning can be conservative, so Max-Gram alone,
+        unpruned, is a second free arm there (copy: COPY_NODES)."""
         from .budget import Arm
 
         if not self.adaptive or self.max_nodes <= 0:
@@ -101,9 +97,8 @@ class DraftLimits:
         return max(3, self.width + self.chain + 1)
 
 
-# A draft head (drafters/head.py) steps in a fraction of a target call (H100: 0.3 ms against 1.7):
-# deep trees, best-first, one step a layer. (Depth 6, 3 children a node, 8 a step grew trees no
-# deeper than 3 in 12 nodes, H100 HumanEval[:40].)
+# A draft head (drafters/head.py) steps in a fraction of a target call: deep trees, best-first, one
+# step a layer. (More children a node and more nodes a step grew trees no deeper, only wider.)
 HEAD_LIMITS = DraftLimits(max_depth=8, branching=2, width=4, chain=0)
 
 

@@ -1,9 +1,9 @@
 """Verify only the nodes that pay: expected accepted tokens against this machine's batch cost.
 
-Drafters grow a tree up to the round's budget; verifying all of it is not always worth it. On the
-2-core CPU every extra token in the target's batch costs ~10-50% of a plain step, so a personal
-n-gram guess accepted 12% of the time costs more than it returns, while a Max-Gram chain accepted
-70% of the time pays. On a GPU the batch is nearly free and everything stays.
+Drafters grow a tree up to the round's budget; verifying all of it is not always worth it. On a
+CPU every extra token in the target's batch costs a good fraction of a plain step, so a rarely
+accepted guess (a personal n-gram's) costs more than it returns, while an often accepted Max-Gram
+chain pays. On a GPU the batch is nearly free and everything stays.
 
 `AcceptanceModel` keeps, per stage, confidence class and depth, decayed counts of how often a node was accepted
 given that its parent was (the only case in which the verifier looks at it). A node's chance to be

@@ -20,6 +20,7 @@ from .drafters.llama_draft import LlamaDraft
 from .drafters.maxgram import MaxGram
 from .errors import LocalspecError, vocab_mismatch
 from .llama_model import EXACT_MAX_ROWS, LlamaModel
+from .policy import make_policy
 from .target import Target
 
 
@@ -180,8 +181,9 @@ class Session:
                 for d in stages:   # a GGUF draft's batches need not keep one shape either
                     if isinstance(d, LlamaDraft):
                         d.pad = 0
-            self.engine = Engine(target, stages, cfg.budget if cfg.speculation else TreeBudget(0),
-                                 self.costs, stable_shapes=stable)
+            policy = make_policy(cfg.budget if cfg.speculation else TreeBudget(0), stages, self.costs,
+                                 offloaded=stable)
+            self.engine = Engine(target, stages, policy)
             if self._learnt_path is not None:
                 self.engine.resume(read_json(self._learnt_path))
         except BaseException:

@@ -1,9 +1,9 @@
 """Whether a free drafter is worth its Python time this round, on this machine.
 
 A free drafter costs no model call, but not nothing: the personal n-gram stage looks up fresh
-contexts in its store, ~0.5 ms of Python a round and 5 ms when it misses its cache, which is a
-quarter of a 2 ms target step on an H200 and under 1% of a 69 ms one on the 2-core CPU. Per stage
-this keeps decayed means of the seconds its `propose` took and of the tokens it got accepted per
+contexts in its store, a fraction of a millisecond a round and several when it misses its cache,
+which is a sizeable part of a GPU's target step and next to nothing of a CPU's. Per stage this
+keeps decayed means of the seconds its `propose` took and of the tokens it got accepted per
 round it ran; a stage runs while those tokens, at the price of a plain target step, are worth its
 seconds. A stage that does not pay is tried again now and then, so one that starts to pay (a chat
 turning to what the user wrote before) is noticed: after `EXPLORE` rounds times the square of
@@ -20,7 +20,7 @@ class StageWorth:
 
     def __init__(self, n_stages: int, decay: float = 0.95) -> None:
         # plain lists: a round touches two or three numbers, where numpy's per-call overhead
-        # cost ~20 µs a round (a percent of an H200's plain step)
+        # would be a visible part of a GPU's plain step
         self.seconds = [0.0] * n_stages
         self.tokens = [1.0] * n_stages      # optimistic until measured
         self.decay = decay

@@ -131,17 +131,19 @@ def test_the_next_run_starts_from_what_this_one_learnt(tiny, monkeypatch, tmp_pa
     assert json.loads(saved.read_text()) == json.loads(json.dumps(learnt))
     second = Session(cfg)
     try:
-        controller = second.engine.controller
-        assert all(p > 0 for p in controller._plays)              # nothing to measure again
-        assert controller.summary() == first.engine.controller.summary()
-        np.testing.assert_allclose(second.engine._acceptance.rates(), first.engine._acceptance.rates())
+        summary = second.engine.policy.summary()
+        assert all(arm["rounds"] > 0 for arm in summary.values())   # nothing to measure again
+        assert summary == first.engine.policy.summary()
+        for counts in ("accepted", "proposed"):                   # the acceptance model's too
+            np.testing.assert_allclose(second.engine.learnt()["acceptance"][counts],
+                                       learnt["acceptance"][counts])
         assert second.run(tokens, max_tokens=24).tokens == expect
     finally:
         second.close()
     saved.write_text("{broken")                                   # unreadable: a fresh start
     third = Session(cfg)
     try:
-        assert third.engine.controller._plays == [0] * len(third.engine.controller.arms)
+        assert all(arm["rounds"] == 0 for arm in third.engine.policy.summary().values())
     finally:
         third.close()
 

@@ -94,11 +94,11 @@ def test_padded_draft_in_sampling_mode_leaves_no_padding(tiny):
 
 
 def test_bucket_is_the_smallest_bucket_that_holds_the_tree():
-    from localspec.engine.decode import BUCKETS, bucket
+    from localspec.engine.shapes import BUCKET_SIZES, bucket
 
     assert [bucket(n, 33) for n in (2, 3, 5, 9, 16, 17, 32, 33)] == [2, 4, 8, 16, 16, 32, 32, 33]
     assert bucket(5, 5) == 5 and bucket(3, 5) == 4       # never past the arm's full tree
-    assert all(bucket(n, 33) >= n for n in range(2, 34)) and BUCKETS == tuple(sorted(BUCKETS))
+    assert all(bucket(n, 33) >= n for n in range(2, 34)) and BUCKET_SIZES == tuple(sorted(BUCKET_SIZES))
 
 
 def test_cheap_shape_changes_verify_in_buckets_and_keep_the_output(tiny):
@@ -107,7 +107,7 @@ def test_cheap_shape_changes_verify_in_buckets_and_keep_the_output(tiny):
     keeps no plain arm (pruning to the root is the plain step),
     pads a tree only up to its bucket (rows only, no sequence top-up), its GGUF draft does not pad,
     and the output stays the target's own."""
-    from localspec.engine.decode import BUCKETS
+    from localspec.engine.shapes import BUCKET_SIZES, Shapes
 
     plain = Session(EngineConfig(tiny.target_gguf, speculation=False, n_ctx=512, n_threads=1))
     try:
@@ -128,17 +128,16 @@ def test_cheap_shape_changes_verify_in_buckets_and_keep_the_output(tiny):
     target.verify = recording
     try:
         assert session.costs.cheap_switch
-        assert not session.engine.stable_shapes and session.stages[-1].pad == 0
+        assert session.engine.policy.shapes is Shapes.BUCKETS and session.stages[-1].pad == 0
         got = session.run(session.raw_prompt(PROMPT), max_tokens=40)
     finally:
         session.close()
     assert got.tokens == expect
     trees = [(n, pad, top_up) for n, pad, top_up in seen if n > 1]
     assert trees, "the repetitive prompt should draft"
-    # (with one arm left after calibration ruled the others out there is no controller)
-    engine = session.engine
-    arms = engine.controller.arms if engine.controller is not None else (engine._fixed,)
+    arms = session.engine.policy.arms
     assert all(a.nodes for a in arms), "the free drafters' arm stands in for plain decoding"
     fulls = {a.nodes + 1 for a in arms}
-    assert all(pad >= n and not top_up and (pad in BUCKETS or pad in fulls) for n, pad, top_up in trees), trees
+    assert all(pad >= n and not top_up and (pad in BUCKET_SIZES or pad in fulls)
+               for n, pad, top_up in trees), trees
     assert all(pad == 0 for n, pad, _ in seen if n == 1)

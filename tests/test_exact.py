@@ -16,6 +16,7 @@ from localspec.engine import session as session_module
 from localspec.engine.budget import AdaptiveBudget
 from localspec.engine.calibrate import Costs
 from localspec.engine.config import DraftLimits, TreeBudget
+from localspec.engine.decode import Engine
 from localspec.engine.errors import LocalspecError
 from localspec.engine.llama_model import LlamaModel
 from localspec.engine.session import EngineConfig, Session
@@ -115,8 +116,9 @@ def test_exact_speculation_emits_plain_tokens(tiny, quantised, plain_exact, name
         monkeypatch.setattr(session_module, "calibrate", lambda *a, **k: flat)
     session = Session(EngineConfig(quantised, draft=tiny.draft_gguf if use_draft else None, maxgram=maxgram,
                                    n_ctx=512, n_threads=1, budget=budget, draft_limits=limits, exact=True))
-    if session.engine.controller is not None:
-        session.engine.controller = AdaptiveBudget(session.engine.controller.arms, explore_every=1)
+    policy = session.engine.policy
+    if policy.bandit is not None:
+        policy.bandit = AdaptiveBudget(policy.bandit.arms, explore_every=1)
     accepted = rejected = 0
     try:
         for kind, text in PROMPTS:
@@ -258,7 +260,8 @@ def test_exact_speculation_with_decoded_again_tokens_emits_plain_tokens(tiny, qu
     session = Session(EngineConfig(quantised, draft=tiny.draft_gguf, n_ctx=512, n_threads=1, exact=True,
                                    budget=TreeBudget(max_nodes=16),
                                    draft_limits=DraftLimits(max_depth=5, branching=3, width=4)))
-    session.engine._ordered = None
+    engine = session.engine
+    session.engine = Engine(engine.target, engine.stages, engine.policy, likeliest_first=False)
     redecoded = 0
     try:
         for kind, text in PROMPTS:

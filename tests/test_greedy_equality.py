@@ -11,6 +11,7 @@ from localspec.engine.config import TreeBudget
 from localspec.engine.config import DraftLimits
 from localspec.engine.decode import drain
 from localspec.engine.session import EngineConfig, Session
+from localspec.engine.shapes import Shapes
 
 from equality import check_same_or_near_tie
 
@@ -76,12 +77,12 @@ def test_speculative_greedy_equals_plain(tiny, plain, name, tmp_path, monkeypatc
     session = Session(EngineConfig(tiny.target_gguf, draft=draft, head=head, maxgram=maxgram, n_ctx=512,
                                    n_threads=1, budget=budget, draft_limits=limits, head_limits=limits))
     plain_session, outputs = plain
-    engine = session.engine
-    if engine.controller is not None:
+    policy = session.engine.policy
+    if policy.bandit is not None:
         # On the tiny models a target call costs about as much as a round's Python, so plain
         # decoding may rightly lead and the bandit then only probes: probe every arm often, so
         # that the rounds this test checks speculate (the policy itself: test_budget.py)
-        engine.controller = AdaptiveBudget(engine.controller.arms, explore_every=1)
+        policy.bandit = AdaptiveBudget(policy.bandit.arms, explore_every=1)
     accepted = 0
     try:
         for kind, text in PROMPTS:
@@ -130,11 +131,11 @@ def test_stable_shapes_keep_greedy_output(tiny, plain, draft_kind):
                                    budget=TreeBudget(max_nodes=8, adaptive=True), stable_shapes=True,
                                    draft_limits=DraftLimits(max_depth=6, branching=2, width=4)))
     plain_session, outputs = plain
-    assert session.engine.stable_shapes
-    session.engine._acceptance = None   # no pruning here (test_prune.py): every tree gets padded
+    assert session.engine.policy.shapes is Shapes.STABLE   # no cost curve, so no pruning: every tree padded
     calls = []
     verify = session.engine.target.verify
-    session.engine.target.verify = lambda tree, pad=0: (calls.append((tree.n, pad)), verify(tree, pad))[1]
+    session.engine.target.verify = lambda tree, pad=0, top_up=True: (calls.append((tree.n, pad)),
+                                                                      verify(tree, pad, top_up))[1]
     try:
         for kind, text in PROMPTS:
             tokens, expect = outputs[(kind, text)]

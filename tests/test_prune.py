@@ -6,6 +6,7 @@ import numpy as np
 from localspec.engine.calibrate import Costs
 from localspec.engine.config import DraftLimits, SamplingParams, TreeBudget
 from localspec.engine.decode import Engine
+from localspec.engine.policy import make_policy
 from localspec.engine.prune import AcceptanceModel, choose
 from localspec.engine.session import EngineConfig, Session
 from localspec.engine.tree import DraftTree
@@ -114,7 +115,8 @@ def _pruning_session(tiny) -> Session:
                                    budget=TreeBudget(max_nodes=8),
                                    draft_limits=DraftLimits(max_depth=3, branching=2, width=4)))
     steep = Costs({1: 1.0, 2: 1.8, 4: 3.0, 9: 6.0}, {})    # a CPU where the batch costs a lot
-    session.engine = Engine(session.engine.target, session.stages, TreeBudget(max_nodes=8), steep)
+    policy = make_policy(TreeBudget(max_nodes=8), session.stages, steep, offloaded=False)
+    session.engine = Engine(session.engine.target, session.stages, policy)
     return session
 
 
@@ -147,32 +149,47 @@ def test_pruned_trees_keep_the_target_distribution(tiny):
         session.close()
 
 
-def test_a_gpu_round_leaving_the_one_token_shape_pays_the_graph_switch(tiny):
+def _chain(tokens: tuple[int, ...], hint: int) -> DraftTree:
+    tree = DraftTree(16)
+    tree.reset(5)
+    node = 0
+    for token in tokens:
+        node = tree.add(node, token, 0.0, 0, hint=hint)
+    return tree
+
+
+def test_a_gpu_round_leaving_the_one_token_shape_pays_the_graph_switch():
     """With stable shapes a speculative round after plain ones rebuilds llama.cpp's CUDA graph
     (Costs.switch): a chain worth its padded batch alone is dropped when it also has to pay
     that, and kept once the speculative shape is already the current one."""
-    from localspec.engine.budget import Arm
     from localspec.engine.drafters.maxgram import MaxGram
-    from localspec.engine.stats import DecodeStats
 
-    session = Session(EngineConfig(tiny.target_gguf, speculation=False, n_ctx=256, n_threads=1))
-    try:
-        costs = Costs({1: 1.0, 9: 1.5}, {}, switch=3.0)
-        engine = Engine(session.engine.target, [MaxGram()], TreeBudget(max_nodes=8, adaptive=True),
-                        costs, stable_shapes=True)
-        chain = DraftTree(16)
-        chain.reset(5)
-        node = 0
-        for token in (10, 11, 12):
-            node = chain.add(node, token, 0.0, 0, hint=3)
-        for _ in range(20):
-            engine._acceptance.update(chain, (1, 2))          # ~2/3 accepted: worth 1.5x a step
-        engine._plain_before = True
-        assert engine._prune(chain, DecodeStats(stages=[]), Arm(8, False)).n == 1
-        engine._plain_before = False
-        assert engine._prune(chain, DecodeStats(stages=[]), Arm(8, False)).n == 4
-    finally:
-        session.close()
+    sure, doubtful = _chain(tuple(range(30, 38)), hint=6), _chain((10, 11, 12), hint=3)
+    learnt = AcceptanceModel(1)
+    for _ in range(20):
+        learnt.update(sure, tuple(range(1, 9)))          # always taken: worth even the switch
+        learnt.update(doubtful, (1, 2))                  # ~2/3 taken: worth 1.5x a step
+    policy = make_policy(TreeBudget(max_nodes=8), [MaxGram()], Costs({1: 1.0, 9: 1.5}, {}, switch=3.0),
+                         offloaded=True)
+    policy.resume({"acceptance": learnt.state()})
+    root_alone = _chain((), hint=0)
+
+    def round_(drafted: DraftTree, taken: int) -> int:
+        """One round where the target's text goes on with the chain's first `taken` tokens;
+        the size of the tree verified."""
+        policy.plan(room=8)
+        verified = policy.select(drafted)
+        path = tuple(range(1, min(taken, verified.n - 1) + 1))
+        text = drafted.tokens[1:taken + 1].tolist() + [99]
+        policy.observe(verified, path, text[:len(path) + 1], greedy=True, started=0.0)
+        return verified.n
+
+    policy.begin()                                       # a generation starts as if after plain rounds
+    assert round_(doubtful, 2) == 1
+    assert round_(sure, 8) == 9                          # speculates: its shape is now the current one
+    assert round_(doubtful, 2) == 4
+    assert round_(root_alone, 0) == 1                    # a plain round
+    assert round_(doubtful, 2) == 1
 
 
 def test_pruned_nodes_are_judged_by_what_the_target_then_chose():

@@ -1,0 +1,293 @@
+"""Everything that adapts, behind one object the decode loop asks three things a round.
+
+`plan`: which tree to grow (the arm: how many nodes, which stages, how much room). `select`: the
+part of the drafted tree worth verifying on this machine. `observe`: what the round accepted and
+what it cost. The loop itself stays the same for every policy; the choices live here.
+
+FixedPolicy grows one tree size and verifies every drafted node: nothing is measured, so there is
+nothing to weigh. Plain decoding is a FixedPolicy with no stages. AdaptivePolicy owns the measured
+parts: the bandit over arms (budget.py), the acceptance model that prices each node and prunes what
+does not pay (prune.py), each free stage's worth against its Python time (worth.py), the price of
+a verify as the batch-shape mode makes it (shapes.py), and the state carried to the next run.
+`make_policy` chooses between them and builds the arms, once.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+import numpy as np
+
+from . import prune
+from .budget import AdaptiveBudget, Arm
+from .calibrate import Costs
+from .config import TreeBudget
+from .drafters.base import Drafter
+from .shapes import Shapes
+from .tree import DraftTree
+from .worth import StageWorth
+
+# Rounds an adaptive choice is kept with stable shapes: llama.cpp replays a CUDA graph only from
+# the third call of one batch shape, so a choice changed every round would keep rebuilding it.
+HOLD = 16
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One round's tree: the arm, the stages that may grow it (in order) and their room."""
+
+    arm: Arm
+    stages: tuple[int, ...]   # stage indices, cheapest first
+    room: int                 # nodes the stages may add below the root
+    free_room: int            # of which the free stages may fill
+
+
+class Policy(Protocol):
+    """What the decode loop asks a policy, in a round's order."""
+
+    arms: tuple[Arm, ...]
+    dropped: tuple[Arm, ...]       # arms ruled out by the calibration before any round
+    bandit: AdaptiveBudget | None  # the choice among several arms (bench records its trace)
+    shapes: Shapes                 # how the target's batches are padded (Shapes.padding)
+
+    def begin(self) -> None:
+        """A generation starts."""
+
+    def plan(self, room: int) -> Plan:
+        """This round's tree, with at most `room` nodes below the root."""
+
+    def runs(self, stage: int) -> bool:
+        """Whether free stage `stage`, which has room left, grows the tree this round."""
+
+    def ran(self, stage: int, seconds: float) -> None:
+        """The seconds free stage `stage` took to propose, where `runs` let it."""
+
+    def select(self, tree: DraftTree) -> DraftTree:
+        """The part of the drafted tree to verify: `tree` itself or a copy."""
+
+    def likelihood(self, tree: DraftTree) -> list[float]:
+        """[tree.n] a score per node, higher for likelier (exact numerics' order)."""
+
+    def observe(self, tree: DraftTree, path: tuple[int, ...], tokens: list[int], greedy: bool,
+                started: float) -> None:
+        """The round verified `tree`, accepted `path` and committed `tokens`; it began at
+        `started` (time.perf_counter)."""
+
+    def summary(self) -> dict:
+        """Measured tok/s and rounds per arm (DecodeStats.budget); {} where nothing is chosen."""
+
+    def learnt(self) -> dict:
+        """What to start the next run over the same stages from (JSON-ready)."""
+
+    def resume(self, learnt: dict) -> None:
+        """Start from an earlier `learnt()`; parts that do not fit are ignored."""
+
+
+def route(arm: Arm, stages: Sequence[Drafter]) -> tuple[tuple[int, ...], bool]:
+    """(the stages `arm` runs, in order; whether the free ones get half the room). A plain arm runs
+    none; a copy arm (unpruned, no models) the cheapest free stage alone, its tree verified whole.
+    With a model drafter after them the free stages fill at most half the tree: the model checks
+    their chains along (vertical cascade) and spends the rest on its own guesses."""
+    if arm.nodes == 0:
+        return (), False
+    if not arm.pruned and not arm.models:
+        return (next(i for i, d in enumerate(stages) if not d.uses_model),), False
+    chosen = tuple(i for i, d in enumerate(stages) if arm.models or not d.uses_model)
+    return chosen, arm.models and any(stages[i].uses_model for i in chosen)
+
+
+def _plan(arm: Arm, routed: tuple[tuple[int, ...], bool], room: int) -> Plan:
+    stages, halved = routed
+    room = min(arm.nodes, room)
+    return Plan(arm, stages, room, room // 2 if halved else room)
+
+
+class FixedPolicy:
+    """One tree size every round, every drafted node verified; nothing is learnt."""
+
+    dropped: tuple[Arm, ...] = ()
+    bandit = None
+    shapes = Shapes.FREE   # no measured cost to weigh padding against: trees verify as they are
+
+    def __init__(self, arm: Arm, stages: Sequence[Drafter]) -> None:
+        self.arms = (arm,)
+        self._route = route(arm, stages)
+
+    def begin(self) -> None:
+        """Nothing carries between generations."""
+
+    def plan(self, room: int) -> Plan:
+        return _plan(self.arms[0], self._route, room)
+
+    def runs(self, stage: int) -> bool:
+        return True
+
+    def ran(self, stage: int, seconds: float) -> None:
+        """Stages are not timed: they all run."""
+
+    def select(self, tree: DraftTree) -> DraftTree:
+        return tree
+
+    def likelihood(self, tree: DraftTree) -> list[float]:
+        """[tree.n] a score per node: the drafters' own log probabilities."""
+        return tree.logp[:tree.n].tolist()
+
+    def observe(self, tree: DraftTree, path: tuple[int, ...], tokens: list[int], greedy: bool,
+                started: float) -> None:
+        """Nothing is measured."""
+
+    def summary(self) -> dict:
+        return {}
+
+    def learnt(self) -> dict:
+        return {}
+
+    def resume(self, learnt: dict) -> None:
+        """Nothing to resume."""
+
+
+class AdaptivePolicy:
+    """Arms chosen by measured throughput (with several), nodes pruned to what pays and free
+    stages gated by their worth (with a cost curve)."""
+
+    def __init__(self, arms: tuple[Arm, ...], stages: Sequence[Drafter], costs: Costs | None,
+                 shapes: Shapes, dropped: tuple[Arm, ...] = ()) -> None:
+        self.arms = arms
+        self.dropped = dropped
+        self.shapes = shapes
+        self.costs = costs
+        self.bandit = AdaptiveBudget(arms) if len(arms) > 1 else None
+        n = len(stages)
+        self._routes = [route(a, stages) for a in arms]
+        self._acceptance = prune.AcceptanceModel(n) if costs is not None else None
+        self._worth = StageWorth(n) if costs is not None else None
+        self._step = costs.target_cost(1) if costs is not None else 0.0   # a plain step, seconds
+        self._kept = DraftTree(capacity=max(2, max(a.nodes for a in arms) + 1))
+        self._cost_tables: dict[tuple[int, bool], list[float]] = {}   # by (arm nodes, after plain)
+        self._ran = [False] * n        # this round: the free stages that ran (worth's credit)
+        self._index = 0                # this round's arm
+        self._held = 0                 # rounds left on it (stable shapes)
+        self._after_plain = True       # the last round verified the root alone
+        self._pruned_from: tuple[DraftTree, np.ndarray] | None = None   # this round's tree, keep mask
+
+    def begin(self) -> None:
+        """A new generation: choose afresh, and count the first round as leaving plain ones."""
+        self._held = 0
+        self._after_plain = True
+
+    def plan(self, room: int) -> Plan:
+        """This round's tree, with at most `room` nodes below the root."""
+        if self.bandit is not None and (self.shapes is not Shapes.STABLE or self._held <= 0):
+            self._index, self._held = self.bandit.choose(), HOLD   # held only with stable shapes
+        self._held -= 1
+        for i in range(len(self._ran)):
+            self._ran[i] = False
+        return _plan(self.arms[self._index], self._routes[self._index], room)
+
+    def runs(self, stage: int) -> bool:
+        """Whether free stage `stage` runs this round: while it pays for its time (worth.py); a
+        copy arm's stage always runs (its tree is the arm)."""
+        if self._worth is None or not self.arms[self._index].pruned:
+            return True
+        self._ran[stage] = self._worth.runs(stage, self._step)
+        return self._ran[stage]
+
+    def ran(self, stage: int, seconds: float) -> None:
+        """The seconds a free stage's propose took (counted where its worth gated it)."""
+        if self._ran[stage]:
+            self._worth.ran(stage, seconds)
+
+    def select(self, tree: DraftTree) -> DraftTree:
+        """The part of `tree` worth verifying on this machine (prune.py): `tree` itself, or a copy
+        of its kept nodes (drafters keep their own node numbering of `tree`)."""
+        self._pruned_from = None
+        arm = self.arms[self._index]
+        if self._acceptance is None or tree.n <= 1 or not arm.pruned:
+            return tree
+        cost = self._cost_table(arm, tree.n).__getitem__
+        keep = prune.choose(tree, self._acceptance.node_probs(tree), cost)
+        if keep.all():
+            return tree
+        self._pruned_from = (tree, keep)
+        return tree.copy_kept(keep, self._kept)
+
+    def likelihood(self, tree: DraftTree) -> list[float]:
+        """[tree.n] a score per node: its chance to be accepted, where that is modelled."""
+        if self._acceptance is None:
+            return tree.logp[:tree.n].tolist()
+        return self._acceptance.node_probs(tree).tolist()
+
+    def observe(self, tree: DraftTree, path: tuple[int, ...], tokens: list[int], greedy: bool,
+                started: float) -> None:
+        """The round verified `tree`, accepted `path` and committed `tokens`; it began at
+        `started` (time.perf_counter), and is charged up to the end of this bookkeeping."""
+        if self._acceptance is not None:
+            self._acceptance.update(tree, path)
+            if self._pruned_from is not None:
+                self._acceptance.observe_pruned(*self._pruned_from, tokens, greedy)
+        if self._worth is not None:
+            accepted = [0] * len(self._ran)
+            for node in path:
+                accepted[tree.drafter[node]] += 1
+            self._worth.credit(self._ran, accepted)
+        if self.bandit is not None:
+            self.bandit.update(self._index, len(tokens), time.perf_counter() - started)
+        self._after_plain = tree.n <= 1
+
+    def _cost_table(self, arm: Arm, n: int) -> list[float]:
+        """`Shapes.cost_table` for this round, cached per arm size and whether the round leaves a
+        plain stretch (pruning asks for every k, each round)."""
+        key = (arm.nodes, self._after_plain)
+        table = self._cost_tables.get(key)
+        if table is None or len(table) <= n:
+            table = self._cost_tables[key] = self.shapes.cost_table(self.costs, arm.nodes,
+                                                                    self._after_plain, n)
+        return table
+
+    def summary(self) -> dict:
+        """Measured tok/s and rounds per arm (DecodeStats.budget)."""
+        return self.bandit.summary() if self.bandit is not None else {}
+
+    def learnt(self) -> dict:
+        """What this policy measured about its drafters on this machine, to start the next run."""
+        out: dict = {}
+        if self.bandit is not None:
+            out["budget"] = self.bandit.state()
+        if self._acceptance is not None:
+            out["acceptance"] = self._acceptance.state()
+        return out
+
+    def resume(self, learnt: dict) -> None:
+        """Start from `learnt()` of an earlier policy over the same stages."""
+        if self.bandit is not None and isinstance(learnt.get("budget"), dict):
+            self.bandit.load(learnt["budget"])
+        if self._acceptance is not None and isinstance(learnt.get("acceptance"), dict):
+            self._acceptance.load(learnt["acceptance"])
+
+
+def make_policy(budget: TreeBudget, stages: Sequence[Drafter], costs: Costs | None,
+                offloaded: bool) -> Policy:
+    """The policy an engine over `stages` runs. costs: this machine's calibration (None: not
+    measured); with it every round keeps only the drafted nodes that pay, which is the per-round
+    gate (a round with no guess worth its batch is a plain step), and arms that could not beat
+    plain decoding even in the best case are never tried. offloaded: the target runs on a GPU,
+    which picks the batch-shape mode (Shapes.of) and the arms (TreeBudget.arms: there the free
+    drafters' arm stands in for plain decoding, and Max-Gram's chains verified whole are an arm)."""
+    if not stages:
+        return FixedPolicy(Arm(0), stages)
+    arms = budget.arms(any(d.uses_model for d in stages), pruned=costs is not None,
+                       with_free=any(not d.uses_model for d in stages),
+                       plain=not offloaded if budget.plain_arm is None else budget.plain_arm,
+                       copy=offloaded)
+    if costs is None and len(arms) == 1:
+        return FixedPolicy(arms[0], stages)
+    dropped: tuple[Arm, ...] = ()
+    if costs is not None and len(arms) > 1:
+        limits = next((d.limits for d in stages if d.uses_model and hasattr(d, "limits")), None)
+        viable = costs.viable(arms, limits.width if limits else 4, limits.max_depth if limits else 8)
+        # the free drafters' arm stands in for plain decoding (pruned rounds can be plain steps)
+        kept = tuple(a for a in arms if a in viable or not a.models)
+        dropped = tuple(a for a in arms if a not in kept)
+        arms = kept
+    return AdaptivePolicy(arms, stages, costs, Shapes.of(offloaded, costs), dropped)

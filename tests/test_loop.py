@@ -1,0 +1,71 @@
+"""The decode loop with each batch-shape mode on the tiny models and a scripted cost curve: what
+the policy planned and what the target then verified, round by round, hold the rules of the mode
+(held choices, padding, trees within their arm) and the output stays plain decoding's."""
+from __future__ import annotations
+
+import pytest
+from localspec.engine.calibrate import Costs
+from localspec.engine.config import GenerationRequest, TreeBudget
+from localspec.engine.decode import Engine, drain
+from localspec.engine.policy import HOLD, make_policy
+from localspec.engine.session import EngineConfig, Session
+from localspec.engine.shapes import BUCKET_SIZES, Shapes
+from test_cascade import PROMPT
+from test_greedy_equality import PROMPTS as GREEDY_PROMPTS
+
+CURVE = {1: 1e-3, 2: 1.02e-3, 4: 1.05e-3, 8: 1.1e-3, 16: 1.3e-3, 32: 1.6e-3}   # GPU-like: flat
+DRAFT = {1: 1e-4, 2: 1.1e-4, 4: 1.2e-4, 8: 1.3e-4}
+MAX_TOKENS = 120
+PROMPTS = [PROMPT] + [text for kind, text in GREEDY_PROMPTS if kind == "raw"]
+MODES = {Shapes.FREE: (False, Costs(CURVE, DRAFT)),
+         Shapes.BUCKETS: (True, Costs(CURVE, DRAFT, switch=4e-4)),
+         Shapes.STABLE: (True, Costs(CURVE, DRAFT, switch=3e-3))}
+
+
+@pytest.mark.parametrize("mode", list(MODES), ids=[m.value for m in MODES])
+def test_rounds_keep_their_modes_rules(tiny, mode):
+    offloaded, costs = MODES[mode]
+    plain = Session(EngineConfig(tiny.target_gguf, speculation=False, n_ctx=512, n_threads=1))
+    session = Session(EngineConfig(tiny.target_gguf, draft=tiny.draft_gguf, n_ctx=512, n_threads=1,
+                                   calibrate=False, stable_shapes=offloaded))
+    try:
+        policy = make_policy(TreeBudget(max_nodes=16, adaptive=True), session.stages, costs, offloaded)
+        assert policy.shapes is mode and policy.bandit is not None
+        engine = Engine(session.engine.target, session.stages, policy)
+        rounds: list[list] = []                 # [plan, tokens verified, pad_to, top_up]
+        plan, verify = policy.plan, engine.target.verify
+        policy.plan = lambda room: (rounds.append([plan(room)]), rounds[-1][0])[1]
+        engine.target.verify = lambda tree, pad_to=0, top_up=True: (
+            rounds[-1].extend([tree.n, pad_to, top_up]), verify(tree, pad_to, top_up))[1]
+        generations = []
+        for text in PROMPTS:
+            tokens = plain.raw_prompt(text)
+            got = drain(engine.generate(GenerationRequest(tuple(tokens), MAX_TOKENS)))
+            assert got.tokens == plain.run(tokens, max_tokens=MAX_TOKENS).tokens
+            assert len(rounds) == got.stats.target_calls
+            generations.append(rounds[:])
+            rounds.clear()
+    finally:
+        session.close()
+        plain.close()
+    every = [r for g in generations for r in g]
+    assert any(n > 1 for _, n, _, _ in every), "the repetitive prompt should speculate"
+    for planned, n, pad_to, top_up in every:
+        arm = planned.arm
+        assert arm in policy.arms and n <= planned.room + 1 <= arm.nodes + 1
+        if n == 1 or mode is Shapes.FREE:
+            assert pad_to == 0                                    # the root alone stays one token
+        elif mode is Shapes.BUCKETS:
+            assert pad_to >= n and not top_up and (pad_to in BUCKET_SIZES or pad_to == arm.nodes + 1)
+        else:
+            assert pad_to == arm.nodes + 2 and top_up            # the arm's full tree, every round
+    assert len({planned.arm for planned, *_ in every}) > 1, "a fresh bandit measures every arm"
+    assert max(map(len, generations)) > HOLD, "no generation long enough to test a held choice"
+    for g in generations:
+        arms = [planned.arm for planned, *_ in g]
+        changes = [i for i in range(1, len(arms)) if arms[i] != arms[i - 1]]
+        if mode is Shapes.STABLE:                 # a choice is held HOLD rounds from the start
+            assert all(i % HOLD == 0 for i in changes), changes
+    if mode is not Shapes.STABLE:                 # chosen every round: the first measure each arm
+        first = [planned.arm for planned, *_ in generations[0]][:len(policy.arms)]
+        assert len(set(first)) == len(first), first

@@ -1,0 +1,203 @@
+"""The decode policy's choices on hand-built trees and hand-made cost curves (no model loaded):
+which policy and arms an engine gets, the batch-shape mode and its padding and prices, held
+choices, the stages a round runs, pruning, the free stages' gate, and what carries to the next run."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+
+import pytest
+from localspec.engine.budget import Arm
+from localspec.engine.calibrate import Costs
+from localspec.engine.config import COPY_NODES, DraftLimits, TreeBudget
+from localspec.engine.policy import HOLD, AdaptivePolicy, FixedPolicy, Plan, make_policy
+from localspec.engine.prune import AcceptanceModel
+from localspec.engine.shapes import Shapes
+from localspec.engine.tree import DraftTree
+
+
+@dataclass(frozen=True)
+class Stage:
+    """What a policy reads of a drafter (a stand-in: a policy never calls its drafters)."""
+
+    name: str
+    uses_model: bool
+    limits: DraftLimits = DraftLimits()
+
+
+FREE, OTHER_FREE, MODEL = Stage("maxgram", False), Stage("ngram", False), Stage("draft", True)
+CPU = Costs({1: 1.0, 2: 1.5, 9: 5.0, 17: 9.0, 33: 17.0}, {1: 0.1, 4: 0.15})   # each token: half a step
+GPU = Costs({1: 1.0, 2: 1.01, 9: 1.1, 17: 1.2, 33: 1.4}, {1: 0.1, 4: 0.15}, switch=3.0)
+CHEAP = replace(GPU, switch=0.5)          # llama.cpp keeping a CUDA graph per shape
+
+
+def chain(tokens: tuple[int, ...], hint: int = 3, stage: int = 0) -> DraftTree:
+    tree = DraftTree(40)
+    tree.reset(5)
+    node = 0
+    for token in tokens:
+        node = tree.add(node, token, 0.0, stage, hint=hint)
+    return tree
+
+
+def play(policy, rounds: int, tree: DraftTree | None = None) -> list[Arm]:
+    """Rounds that verify `tree` (default: the root alone) and accept nothing; the arms played."""
+    tree = tree if tree is not None else chain(())
+    arms = []
+    for _ in range(rounds):
+        started = time.perf_counter()
+        arms.append(policy.plan(room=64).arm)
+        policy.observe(policy.select(tree), (), [7], greedy=True, started=started - 1e-3)
+    return arms
+
+
+def test_plain_decoding_is_a_fixed_policy_with_no_stages():
+    policy = make_policy(TreeBudget(max_nodes=16, adaptive=True), [], CPU, offloaded=False)
+    assert isinstance(policy, FixedPolicy)
+    assert policy.plan(room=100) == Plan(Arm(0), (), 0, 0)
+    assert policy.summary() == {} and policy.learnt() == {}
+
+
+def test_a_fixed_tree_without_costs_verifies_every_drafted_node_at_its_size():
+    policy = make_policy(TreeBudget(max_nodes=8), [FREE, MODEL], None, offloaded=True)
+    assert isinstance(policy, FixedPolicy) and policy.shapes is Shapes.FREE
+    # the free stage fills half the tree, the model checks it along and spends the rest
+    assert policy.plan(room=100) == Plan(Arm(8), (0, 1), 8, 4)
+    assert policy.plan(room=5) == Plan(Arm(8), (0, 1), 5, 2)     # the context's end bounds it
+    tree = chain((10, 11, 12), hint=0)
+    assert policy.select(tree) is tree and policy.runs(0)
+
+
+def test_the_shape_mode_is_chosen_once_from_where_the_target_runs_and_its_calibration():
+    assert Shapes.of(offloaded=False, costs=GPU) is Shapes.FREE
+    assert Shapes.of(offloaded=True, costs=GPU) is Shapes.STABLE
+    assert Shapes.of(offloaded=True, costs=CHEAP) is Shapes.BUCKETS
+    assert Shapes.of(offloaded=True, costs=None) is Shapes.STABLE     # not measured: switches are dear
+    budget = TreeBudget(max_nodes=16, adaptive=True)
+    for offloaded, costs, mode in ((False, CPU, Shapes.FREE), (True, GPU, Shapes.STABLE),
+                                   (True, CHEAP, Shapes.BUCKETS)):
+        assert make_policy(budget, [FREE, MODEL], costs, offloaded).shapes is mode
+
+
+def test_padding_by_shape_mode():
+    for mode in Shapes:
+        assert mode.padding(1, 16, 100) == (0, True)           # the root alone: one token, always
+        assert mode.padding(5, 0, 100) == (0, True)            # a plain arm
+    assert Shapes.FREE.padding(5, 16, 100) == (0, True)
+    assert Shapes.STABLE.padding(5, 16, 100) == (18, True)     # the arm's full tree, and a spare row
+    assert Shapes.STABLE.padding(5, 16, 9) == (9, True)        # never past the context's end
+    assert Shapes.BUCKETS.padding(5, 16, 100) == (8, False)    # its bucket, rows only
+    assert Shapes.BUCKETS.padding(17, 16, 100) == (17, False)  # never past the arm's full tree
+
+
+def test_a_verify_is_priced_as_the_shape_mode_pads_it():
+    c = GPU.target_cost
+    assert Shapes.FREE.cost_table(GPU, 8, True, 4) == [0.0] + [c(k) for k in range(1, 10)]
+    stable = Shapes.STABLE.cost_table(GPU, 8, True, 4)
+    assert stable[:2] == [0.0, c(1)] and set(stable[2:]) == {c(10) + GPU.switch}
+    assert set(Shapes.STABLE.cost_table(GPU, 8, False, 4)[2:]) == {c(10)}   # shape already current
+    buckets = Shapes.BUCKETS.cost_table(CHEAP, 16, True, 20)
+    assert len(buckets) == 21 and buckets[5] == c(8) + CHEAP.switch and buckets[17] == c(17) + CHEAP.switch
+
+
+def test_arms_follow_the_machine_and_the_calibration_rules_out_losers():
+    budget = TreeBudget(max_nodes=32, adaptive=True)
+    # a GPU: the free arm stands in for plain decoding, Max-Gram's chains verified whole beside it
+    assert make_policy(budget, [FREE], GPU, offloaded=True).arms == (
+        Arm(32, models=False), Arm(COPY_NODES, models=False, pruned=False))
+    assert make_policy(budget, [FREE], CPU, offloaded=False).arms == (Arm(0), Arm(32, models=False))
+    # a steep curve and a slow draft: some model arms cannot beat plain decoding even if every
+    # guess were taken; they are dropped before any round, the free ones never
+    slow = replace(CPU, draft={1: 0.6, 4: 0.9})
+    policy = make_policy(budget, [FREE, MODEL], slow, offloaded=False)
+    everything = budget.arms(True, pruned=True, with_free=True, plain=True, copy=False)
+    assert policy.dropped and all(a.models and a.nodes for a in policy.dropped)
+    assert set(policy.arms) | set(policy.dropped) == set(everything)
+    assert not set(slow.viable(policy.dropped, 4, 8)) and set(policy.arms) <= set(everything)
+
+
+def test_each_arm_runs_its_own_stages():
+    policy = make_policy(TreeBudget(max_nodes=32, adaptive=True), [FREE, OTHER_FREE, MODEL], CHEAP,
+                         offloaded=True)
+    plans = {}
+    for _ in range(len(policy.arms)):                  # the bandit measures every arm once first
+        plan = policy.plan(room=64)
+        plans[plan.arm] = plan
+        policy.observe(chain(()), (), [7], greedy=True, started=time.perf_counter() - 1e-3)
+    assert plans[Arm(32, models=False)] == Plan(Arm(32, models=False), (0, 1), 32, 32)
+    assert plans[Arm(COPY_NODES, False, False)].stages == (0,)     # the cheapest free stage alone
+    assert plans[Arm(8)] == Plan(Arm(8), (0, 1, 2), 8, 4)
+
+
+@pytest.mark.parametrize("costs, holds", [(GPU, True), (CHEAP, False), (CPU, False)])
+def test_choices_are_held_only_with_stable_shapes(costs, holds):
+    policy = make_policy(TreeBudget(max_nodes=16, adaptive=True), [FREE, MODEL], costs,
+                         offloaded=costs is not CPU)
+    policy.begin()
+    arms = play(policy, 6 * HOLD)
+    changes = [i for i in range(1, len(arms)) if arms[i] != arms[i - 1]]
+    assert changes, "a fresh bandit measures every arm"
+    if holds:
+        assert all(i % HOLD == 0 for i in changes), changes
+    else:
+        assert changes[:len(policy.arms) - 1] == list(range(1, len(policy.arms)))
+
+
+def test_pruning_keeps_what_pays_and_learns_from_what_it_dropped():
+    good, doubtful = chain((10, 11, 12), hint=6), chain((20, 21, 22), hint=1)
+    learnt = AcceptanceModel(1)
+    for _ in range(30):
+        learnt.update(good, (1, 2, 3))
+        learnt.update(doubtful, ())
+    policy = make_policy(TreeBudget(max_nodes=8), [FREE], CPU, offloaded=False)
+    assert isinstance(policy, AdaptivePolicy)
+    policy.resume({"acceptance": learnt.state()})
+    policy.begin()
+    policy.plan(room=8)
+    assert policy.select(good) is good                              # all of it pays
+    policy.plan(room=8)
+    kept = policy.select(doubtful)
+    assert kept.n == 1 and kept is not doubtful                     # a copy: the drafters' tree stays
+    proposed = sum(policy.learnt()["acceptance"]["proposed"][0][1])   # [stage][hint][depth]
+    policy.observe(kept, (), [20], greedy=True, started=time.perf_counter())   # the target took 20
+    after = policy.learnt()["acceptance"]
+    assert sum(after["proposed"][0][1]) > proposed                  # the dropped node was judged
+    assert after["accepted"][0][1][1] > learnt.state()["accepted"][0][1][1]
+
+
+def test_a_free_stage_runs_while_it_pays_for_its_time():
+    policy = make_policy(TreeBudget(max_nodes=8), [FREE], CPU, offloaded=False)
+    policy.begin()
+    ran = 0
+    for _ in range(200):
+        policy.plan(room=8)
+        if policy.runs(0):
+            ran += 1
+            policy.ran(0, 5.0)                  # five plain steps of Python for nothing accepted
+        policy.observe(chain(()), (), [7], greedy=True, started=time.perf_counter())
+    assert 1 <= ran < 20                        # tried now and then, in case it starts to pay
+    fresh = make_policy(TreeBudget(max_nodes=8), [FREE], CPU, offloaded=False)
+    assert all(fresh.plan(room=8) and fresh.runs(0) for _ in range(50))   # nothing measured: it runs
+
+
+def test_a_copy_arm_always_runs_its_stage():
+    policy = make_policy(TreeBudget(max_nodes=32, adaptive=True), [FREE], CHEAP, offloaded=True)
+    assert policy.plan(room=64).arm == Arm(32, models=False)
+    assert policy.runs(0)
+    policy.ran(0, 50.0)                         # far too slow to pay
+    policy.observe(chain((10,)), (), [7], greedy=True, started=time.perf_counter())
+    assert policy.plan(room=64).arm.pruned is False
+    assert policy.runs(0)
+
+
+def test_what_one_run_learnt_starts_the_next():
+    budget = TreeBudget(max_nodes=16, adaptive=True)
+    first = make_policy(budget, [FREE, MODEL], CPU, offloaded=False)
+    first.begin()
+    play(first, 40, chain((10, 11)))
+    second = make_policy(budget, [FREE, MODEL], CPU, offloaded=False)
+    second.resume(first.learnt())
+    assert second.summary() == first.summary() and second.learnt() == first.learnt()
+    other = make_policy(budget, [FREE, OTHER_FREE, MODEL], CPU, offloaded=False)
+    other.resume(first.learnt())                # other stages: the counts do not fit, start afresh
+    assert not any(map(any, other.learnt()["acceptance"]["proposed"][0]))
