@@ -29,7 +29,7 @@ from typing import Iterator
 
 from localspec.engine.errors import LocalspecError
 from localspec.models.ngram_store import data_dir
-from localspec.models.sqlite_file import open_sqlite
+from localspec.models.sqlite_file import explained, open_sqlite
 
 STATES = ("streaming", "partial", "complete", "stopped", "error")
 ROLES = ("user", "assistant")
@@ -122,15 +122,15 @@ class History:
 
     def conversations(self) -> list[Conversation]:
         """Most recently used first."""
-        with self._lock:
-            rows = self._conn.execute("SELECT id, title, created_at, updated_at FROM conversations "
-                                      "ORDER BY updated_at DESC, rowid DESC").fetchall()
+        with self._read() as db:
+            rows = db.execute("SELECT id, title, created_at, updated_at FROM conversations "
+                              "ORDER BY updated_at DESC, rowid DESC").fetchall()
         return [Conversation(*r) for r in rows]
 
     def conversation(self, conversation_id: str) -> Conversation | None:
-        with self._lock:
-            row = self._conn.execute("SELECT id, title, created_at, updated_at FROM conversations "
-                                     "WHERE id = ?", (conversation_id,)).fetchone()
+        with self._read() as db:
+            row = db.execute("SELECT id, title, created_at, updated_at FROM conversations "
+                             "WHERE id = ?", (conversation_id,)).fetchone()
         return Conversation(*row) if row else None
 
     def search(self, query: str) -> list[Conversation]:
@@ -138,8 +138,8 @@ class History:
         if not query.strip():
             return self.conversations()
         pattern = "%" + query.strip().replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
-        with self._lock:
-            rows = self._conn.execute(
+        with self._read() as db:
+            rows = db.execute(
                 "SELECT id, title, created_at, updated_at FROM conversations c "
                 "WHERE title LIKE ?1 ESCAPE '\\' OR EXISTS (SELECT 1 FROM messages m WHERE "
                 "m.conversation_id = c.id AND m.content LIKE ?1 ESCAPE '\\') "
@@ -159,8 +159,8 @@ class History:
 
     # ---- messages -----------------------------------------------------------------------------
     def messages(self, conversation_id: str) -> list[Message]:
-        with self._lock:
-            rows = self._conn.execute(
+        with self._read() as db:
+            rows = db.execute(
                 "SELECT id, conversation_id, seq, role, content, state, stats, segments "
                 "FROM messages WHERE conversation_id = ? ORDER BY seq", (conversation_id,)).fetchall()
         return [_message(r) for r in rows]
@@ -217,14 +217,20 @@ class History:
                        (conversation_id, from_seq))
 
     def integrity_ok(self) -> bool:
-        with self._lock:
-            return self._conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        with self._read() as db:
+            return db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
 
     # ---- plumbing -----------------------------------------------------------------------------
     @contextmanager
+    def _read(self) -> Iterator[sqlite3.Connection]:
+        """The connection under the lock; an SQLite failure becomes a LocalspecError."""
+        with self._lock, explained(self.path, WHAT, _damaged_fix(self.path)):
+            yield self._conn
+
+    @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
         """BEGIN IMMEDIATE ... COMMIT (durable on return); ROLLBACK if the body raises."""
-        with self._lock:
+        with self._lock, explained(self.path, WHAT, _damaged_fix(self.path)):
             self._conn.execute("BEGIN IMMEDIATE")
             try:
                 yield self._conn
@@ -259,11 +265,15 @@ def _require(cursor: sqlite3.Cursor, conversation_id: str) -> None:
         raise _missing(conversation_id)
 
 
-def _unusable(path: Path, err: sqlite3.DatabaseError) -> LocalspecError:
-    return LocalspecError("Chat history is unusable", f"'{path}': {err}",
-                          f"Move '{path}' aside (a new, empty history is created)")
+WHAT = "Chat history"
+
+
+def _damaged_fix(path: Path) -> str:
+    return (f"Move '{path}' aside (a new, empty history is created; `sqlite3 FILE .recover` can "
+            "salvage what is readable from the old one)")
 
 
 def _connect(path: Path) -> sqlite3.Connection:
-    return open_sqlite(path, MIGRATIONS, what="Chat history", unusable=_unusable,
-                       pragmas=("foreign_keys = ON",))
+    # check_pages: a personal history is small, so reading every page at open costs milliseconds
+    return open_sqlite(path, MIGRATIONS, what=WHAT, damaged_fix=_damaged_fix(path),
+                       check_pages=True, pragmas=("foreign_keys = ON",))
