@@ -5,8 +5,14 @@ Why it is shaped so:
 * **Acknowledged means durable.** WAL mode with ``synchronous=FULL``: every write is one
   transaction that is on disk when the call returns, so a kill -9 at any moment keeps everything
   the UI has already shown as saved, and never leaves half a write.
-* **A reply is a row with a state.** ``streaming`` while tokens arrive (its text checkpointed now
-  and then), then ``complete`` (committed *before* the UI marks it complete), ``stopped`` (the user
+* **Every streamed piece is saved before it is shown**, so a kill -9 of the app loses none of a
+  reply's text on screen. Those checkpoints commit on a second connection at
+  ``synchronous=NORMAL``: the commit is in the operating system's hands when the call returns
+  (a killed process cannot lose it) but is not flushed to the disk, which is what made one per
+  piece too dear at FULL. A power cut may lose the tail of a reply still streaming, never more,
+  and never leaves the file inconsistent; the reply's final state is committed at FULL.
+* **A reply is a row with a state.** ``streaming`` while tokens arrive (its text checkpointed
+  piece by piece), then ``complete`` (committed *before* the UI marks it complete), ``stopped`` (the user
   pressed Esc), ``error`` (the engine failed or crashed). A ``streaming`` row found when the store
   opens belongs to a process that died mid-reply and becomes ``partial``: kept, marked, never lost.
 * **One writer.** One connection behind a lock serves the app's threads; other processes wait on
@@ -91,6 +97,7 @@ class History:
     def __init__(self, conn: sqlite3.Connection, path: Path) -> None:
         self._conn, self.path = conn, path
         self._lock = threading.RLock()
+        self._stream = _stream_connection(path)   # checkpoints of streaming replies only
 
     @classmethod
     def open(cls, path: str | Path | None = None) -> History:
@@ -103,6 +110,7 @@ class History:
 
     def close(self) -> None:
         with self._lock:
+            self._stream.close()
             self._conn.close()
 
     def __enter__(self) -> History:
@@ -188,11 +196,12 @@ class History:
 
     def checkpoint(self, message_id: int, content: str,
                    segments: list[tuple[str, str]] | None = None) -> None:
-        """Save a streaming reply's text so far (it stays `streaming`)."""
-        with self._write() as db:
-            db.execute("UPDATE messages SET content = ?, segments = ?, updated_at = ? "
-                       "WHERE id = ? AND state = 'streaming'",
-                       (content, _json(segments), time.time(), message_id))
+        """Save a streaming reply's text so far (it stays `streaming`): safe from a kill -9 of
+        this process when this returns, not flushed to the disk (see the module docstring)."""
+        with self._lock, explained(self.path, WHAT, _damaged_fix(self.path)):
+            self._stream.execute("UPDATE messages SET content = ?, segments = ?, updated_at = ? "
+                                 "WHERE id = ? AND state = 'streaming'",
+                                 (content, _json(segments), time.time(), message_id))
 
     def finish_reply(self, message_id: int, content: str, state: str, stats: dict | None = None,
                      segments: list[tuple[str, str]] | None = None) -> Message:
@@ -271,6 +280,15 @@ WHAT = "Chat history"
 def _damaged_fix(path: Path) -> str:
     return (f"Move '{path}' aside (a new, empty history is created; `sqlite3 FILE .recover` can "
             "salvage what is readable from the old one)")
+
+
+def _stream_connection(path: Path) -> sqlite3.Connection:
+    """A second connection to an opened history, for checkpoints: each statement commits on its
+    own (isolation_level None) at synchronous=NORMAL."""
+    with explained(path, WHAT, _damaged_fix(path)):
+        conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=10.0)
+        conn.execute("PRAGMA synchronous = NORMAL")
+    return conn
 
 
 def _connect(path: Path) -> sqlite3.Connection:
