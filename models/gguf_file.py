@@ -197,7 +197,11 @@ def header_vocabulary(buf, name: str) -> Vocabulary | None:
     size = 0
     try:
         r.pos = 4 + 4 + 8                      # magic, version, tensor count
-        for _ in range(min(r.take("<Q", "the metadata count"), _MAX_KV)):
+        n_kv = r.take("<Q", "the metadata count")
+        if n_kv > _MAX_KV:
+            raise _Corrupt(f"the header claims {n_kv:,} metadata entries; no model has more than "
+                           f"{_MAX_KV:,}")
+        for _ in range(n_kv):
             key = r.string("a metadata key")
             vtype = r.take("<I", f"metadata {_quote(key)}")
             start = r.pos

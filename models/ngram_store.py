@@ -336,8 +336,8 @@ def _check_kind(kind: str) -> None:
 
 
 def _connect(path: Path) -> sqlite3.Connection:
-    # no check_pages: reading every page of a store near its row cap takes most of a second at
-    # every engine start; a damaged page is reported by the first read that meets it (_read)
+    # no check_pages: every engine start would read a store near its row cap whole; a damaged
+    # page is reported by the first read that meets it (_read, _write)
     return open_sqlite(path, MIGRATIONS, what=WHAT, damaged_fix=_damaged_fix(path),
                        check_pages=False)
 

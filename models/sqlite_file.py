@@ -10,8 +10,8 @@ Errors say which of three things went wrong, because the fixes differ: the file 
 written (permissions, a read-only disk: nothing is damaged, and nothing should be deleted), it is
 damaged (a corrupt page, not a database: move it aside), or it is in use. A damaged page is only
 found when read, so a small file (the history) is checked whole at open with ``PRAGMA
-quick_check``, which reads every page; a big one (an n-gram store near its row cap, about 100 MB,
-takes most of a second) reports it at the first read that meets it.
+quick_check``, which reads every page; a big one (an n-gram store near its row cap, which would
+make every engine start read it whole) reports it at the first read that meets it.
 """
 from __future__ import annotations
 
