@@ -32,12 +32,19 @@ def _cap_memory() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (used + MEMORY_HEADROOM, used + MEMORY_HEADROOM))
 
 
+_ENV = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+_ENV.globals["raise_exception"] = _raise_exception
+_COMPILED: dict = {}       # template source -> compiled template: a model's one template, reused
+
+
 def render(request: dict) -> dict:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    env.globals["raise_exception"] = _raise_exception
     try:
         pieces, size = [], 0
-        stream = env.from_string(request["template"]).generate(
+        template = _COMPILED.get(request["template"])
+        if template is None:
+            _COMPILED.clear()
+            template = _COMPILED[request["template"]] = _ENV.from_string(request["template"])
+        stream = template.generate(
             messages=request["messages"], add_generation_prompt=True,
             bos_token=request["bos_token"], eos_token=request["eos_token"])
         for piece in stream:
