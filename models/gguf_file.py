@@ -351,7 +351,7 @@ def _alignment(meta: dict, types: dict[str, int]) -> int:
 def _vocabulary(meta: dict, arrays: dict[str, _Array], types: dict[str, int],
                 require_vocab: bool) -> int:
     """The token count, after checking what llama.cpp trusts: the tokens are strings, the
-    per-token arrays have one entry of the right type per token, the merges are strings."""
+    per-token arrays have an entry of the right type for every token, the merges are strings."""
     tokens = arrays.get("tokenizer.ggml.tokens")
     if "tokenizer.ggml.tokens" not in types:
         if require_vocab:
@@ -364,7 +364,7 @@ def _vocabulary(meta: dict, arrays: dict[str, _Array], types: dict[str, int],
     for key, itype in _PER_TOKEN.items():
         if key in types:
             got = arrays.get(key)
-            if got is None or got.item_type != itype or got.count != tokens.count:
+            if got is None or got.item_type != itype or got.count < tokens.count:
                 shown = (f"{got.count:,} {_type_name(got.item_type)} values" if got is not None
                          else f"a single {_type_name(types[key])}")
                 raise _Corrupt(f"{key} must hold one {_type_name(itype)} per token "
