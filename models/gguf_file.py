@@ -31,7 +31,7 @@ _U32, _I32, _F32 = 4, 5, 6
 _U64 = struct.Struct("<Q")
 # Bounds that make reading any header cheap. Each is far above what a real model has (tens of
 # metadata keys, a few thousand tensors, a tokenizer of at most a few hundred thousand tokens and
-# as many merges) and keeps the worst header to about a second of Python.
+# as many merges), and together they keep the worst header a short walk in Python.
 _MAX_KV = 1 << 16
 _MAX_TENSORS = 1 << 18
 _MAX_STRINGS = 1 << 23        # strings walked in all metadata arrays together
