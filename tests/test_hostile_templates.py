@@ -121,3 +121,38 @@ def test_generate_with_a_hostile_template_exits_2(tiny, tmp_path):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert "hostile.gguf" in proc.stderr and "--raw" in proc.stderr and "fix:" in proc.stderr
     assert model.read_bytes() == before
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+@pytest.mark.anyio
+async def test_esc_in_the_chat_cancels_a_hanging_render_and_the_next_message_is_answered(
+        tiny, tmp_path, monkeypatch):
+    """The chat screen on a model whose template hangs on one message: Esc stops that reply at
+    once, and the next message gets its answer (the engine is not left rendering)."""
+    from tiny_models import CHAT_TEMPLATE
+    from tui_support import make_app, ready, replied, type_and_send, wait_until
+
+    hang = "{% if messages[-1]['content'] == 'hang' %}" + NESTED + "{% endif %}"
+    model = with_template(Path(tiny.target_gguf), tmp_path / "moody.gguf", hang + CHAT_TEMPLATE)
+    monkeypatch.setenv("LOCALSPEC_DATA_DIR", str(tmp_path))
+    h = make_app(tiny, tmp_path, model=str(model))
+    async with h.app.run_test(size=(110, 32)) as pilot:
+        await wait_until(pilot, lambda: ready(h), what="engine ready")
+        await type_and_send(pilot, h, "hang")
+        await wait_until(pilot, lambda: h.chat.reply is not None, what="the reply row")
+        await pilot.pause(0.3)                               # the engine is rendering
+        await pilot.press("escape")
+        assert h.chat.reply is None
+        t0 = time.perf_counter()
+        await type_and_send(pilot, h, "Say hello to Bob.")
+        await wait_until(pilot, lambda: replied(h), timeout=60, what="the next reply")
+        assert time.perf_counter() - t0 < 30
+        (conv,) = h.history.conversations()
+        states = [(m.role, m.state) for m in h.history.messages(conv.id)]
+        assert states == [("user", "complete"), ("assistant", "stopped"),
+                          ("user", "complete"), ("assistant", "complete")], states
+        assert h.history.messages(conv.id)[-1].content
