@@ -117,7 +117,10 @@ class Server:
         messages = _check_messages(request["messages"])
         if request.get("system"):
             messages = [{"role": "system", "content": request["system"]}, *messages]
-        return self.session.chat_prompt(messages), sampling, max_tokens
+        # Esc reaches a render too: the template renders in a worker that a stop ends
+        rid = str(request["id"])
+        return (self.session.chat_prompt(messages, should_stop=lambda: self.inbox.stopped(rid)),
+                sampling, max_tokens)
 
     def _stream(self, rid: str, tokens: list[int], sampling: SamplingParams, max_tokens: int) -> None:
         t0 = time.perf_counter()

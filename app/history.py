@@ -5,8 +5,14 @@ Why it is shaped so:
 * **Acknowledged means durable.** WAL mode with ``synchronous=FULL``: every write is one
   transaction that is on disk when the call returns, so a kill -9 at any moment keeps everything
   the UI has already shown as saved, and never leaves half a write.
-* **A reply is a row with a state.** ``streaming`` while tokens arrive (its text checkpointed now
-  and then), then ``complete`` (committed *before* the UI marks it complete), ``stopped`` (the user
+* **Every streamed piece is saved before it is shown**, so a kill -9 of the app loses none of a
+  reply's text on screen. Those checkpoints commit on a second connection at
+  ``synchronous=NORMAL``: the commit is in the operating system's hands when the call returns
+  (a killed process cannot lose it) but is not flushed to the disk, which is what made one per
+  piece too dear at FULL. A power cut may lose the tail of a reply still streaming, never more,
+  and never leaves the file inconsistent; the reply's final state is committed at FULL.
+* **A reply is a row with a state.** ``streaming`` while tokens arrive (its text checkpointed
+  piece by piece), then ``complete`` (committed *before* the UI marks it complete), ``stopped`` (the user
   pressed Esc), ``error`` (the engine failed or crashed). A ``streaming`` row found when the store
   opens belongs to a process that died mid-reply and becomes ``partial``: kept, marked, never lost.
 * **One writer.** One connection behind a lock serves the app's threads; other processes wait on
@@ -29,7 +35,7 @@ from typing import Iterator
 
 from localspec.engine.errors import LocalspecError
 from localspec.models.paths import data_dir
-from localspec.models.sqlite_file import open_sqlite
+from localspec.models.sqlite_file import explained, open_sqlite
 
 STATES = ("streaming", "partial", "complete", "stopped", "error")
 ROLES = ("user", "assistant")
@@ -91,6 +97,7 @@ class History:
     def __init__(self, conn: sqlite3.Connection, path: Path) -> None:
         self._conn, self.path = conn, path
         self._lock = threading.RLock()
+        self._stream = _stream_connection(path)   # checkpoints of streaming replies only
 
     @classmethod
     def open(cls, path: str | Path | None = None) -> History:
@@ -103,6 +110,7 @@ class History:
 
     def close(self) -> None:
         with self._lock:
+            self._stream.close()
             self._conn.close()
 
     def __enter__(self) -> History:
@@ -122,15 +130,15 @@ class History:
 
     def conversations(self) -> list[Conversation]:
         """Most recently used first."""
-        with self._lock:
-            rows = self._conn.execute("SELECT id, title, created_at, updated_at FROM conversations "
-                                      "ORDER BY updated_at DESC, rowid DESC").fetchall()
+        with self._read() as db:
+            rows = db.execute("SELECT id, title, created_at, updated_at FROM conversations "
+                              "ORDER BY updated_at DESC, rowid DESC").fetchall()
         return [Conversation(*r) for r in rows]
 
     def conversation(self, conversation_id: str) -> Conversation | None:
-        with self._lock:
-            row = self._conn.execute("SELECT id, title, created_at, updated_at FROM conversations "
-                                     "WHERE id = ?", (conversation_id,)).fetchone()
+        with self._read() as db:
+            row = db.execute("SELECT id, title, created_at, updated_at FROM conversations "
+                             "WHERE id = ?", (conversation_id,)).fetchone()
         return Conversation(*row) if row else None
 
     def search(self, query: str) -> list[Conversation]:
@@ -138,8 +146,8 @@ class History:
         if not query.strip():
             return self.conversations()
         pattern = "%" + query.strip().replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
-        with self._lock:
-            rows = self._conn.execute(
+        with self._read() as db:
+            rows = db.execute(
                 "SELECT id, title, created_at, updated_at FROM conversations c "
                 "WHERE title LIKE ?1 ESCAPE '\\' OR EXISTS (SELECT 1 FROM messages m WHERE "
                 "m.conversation_id = c.id AND m.content LIKE ?1 ESCAPE '\\') "
@@ -159,8 +167,8 @@ class History:
 
     # ---- messages -----------------------------------------------------------------------------
     def messages(self, conversation_id: str) -> list[Message]:
-        with self._lock:
-            rows = self._conn.execute(
+        with self._read() as db:
+            rows = db.execute(
                 "SELECT id, conversation_id, seq, role, content, state, stats, segments "
                 "FROM messages WHERE conversation_id = ? ORDER BY seq", (conversation_id,)).fetchall()
         return [_message(r) for r in rows]
@@ -188,11 +196,12 @@ class History:
 
     def checkpoint(self, message_id: int, content: str,
                    segments: list[tuple[str, str]] | None = None) -> None:
-        """Save a streaming reply's text so far (it stays `streaming`)."""
-        with self._write() as db:
-            db.execute("UPDATE messages SET content = ?, segments = ?, updated_at = ? "
-                       "WHERE id = ? AND state = 'streaming'",
-                       (content, _json(segments), time.time(), message_id))
+        """Save a streaming reply's text so far (it stays `streaming`): safe from a kill -9 of
+        this process when this returns, not flushed to the disk (see the module docstring)."""
+        with self._lock, explained(self.path, WHAT, _damaged_fix(self.path)):
+            self._stream.execute("UPDATE messages SET content = ?, segments = ?, updated_at = ? "
+                                 "WHERE id = ? AND state = 'streaming'",
+                                 (content, _json(segments), time.time(), message_id))
 
     def finish_reply(self, message_id: int, content: str, state: str, stats: dict | None = None,
                      segments: list[tuple[str, str]] | None = None) -> Message:
@@ -217,14 +226,20 @@ class History:
                        (conversation_id, from_seq))
 
     def integrity_ok(self) -> bool:
-        with self._lock:
-            return self._conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        with self._read() as db:
+            return db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
 
     # ---- plumbing -----------------------------------------------------------------------------
     @contextmanager
+    def _read(self) -> Iterator[sqlite3.Connection]:
+        """The connection under the lock; an SQLite failure becomes a LocalspecError."""
+        with self._lock, explained(self.path, WHAT, _damaged_fix(self.path)):
+            yield self._conn
+
+    @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
         """BEGIN IMMEDIATE ... COMMIT (durable on return); ROLLBACK if the body raises."""
-        with self._lock:
+        with self._lock, explained(self.path, WHAT, _damaged_fix(self.path)):
             self._conn.execute("BEGIN IMMEDIATE")
             try:
                 yield self._conn
@@ -259,11 +274,24 @@ def _require(cursor: sqlite3.Cursor, conversation_id: str) -> None:
         raise _missing(conversation_id)
 
 
-def _unusable(path: Path, err: sqlite3.DatabaseError) -> LocalspecError:
-    return LocalspecError("Chat history is unusable", f"'{path}': {err}",
-                          f"Move '{path}' aside (a new, empty history is created)")
+WHAT = "Chat history"
+
+
+def _damaged_fix(path: Path) -> str:
+    return (f"Move '{path}' aside (a new, empty history is created; `sqlite3 FILE .recover` can "
+            "salvage what is readable from the old one)")
+
+
+def _stream_connection(path: Path) -> sqlite3.Connection:
+    """A second connection to an opened history, for checkpoints: each statement commits on its
+    own (isolation_level None) at synchronous=NORMAL."""
+    with explained(path, WHAT, _damaged_fix(path)):
+        conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=10.0)
+        conn.execute("PRAGMA synchronous = NORMAL")
+    return conn
 
 
 def _connect(path: Path) -> sqlite3.Connection:
-    return open_sqlite(path, MIGRATIONS, what="Chat history", unusable=_unusable,
-                       pragmas=("foreign_keys = ON",))
+    # check_pages: a personal history is small, so reading every page at open costs milliseconds
+    return open_sqlite(path, MIGRATIONS, what=WHAT, damaged_fix=_damaged_fix(path),
+                       check_pages=True, pragmas=("foreign_keys = ON",))

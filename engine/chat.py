@@ -1,34 +1,139 @@
 """Chat input -> prompt text, through the GGUF's own chat template (Jinja, as llama.cpp ships it).
 
 Rendered in a sandbox the way Hugging Face renders templates, with add_generation_prompt so the
-model answers as the assistant. A model without a template cannot take chat input: the error says
-to use --raw.
+model answers as the assistant. A model without a template cannot take chat input.
+
+Why in another process: a chat template is a program that comes with the model file. Jinja's
+sandbox stops it reaching Python's internals but not from working without end: `'x' * 10**9`,
+nested loops each under the sandbox's range limit, padding a string to a billion characters,
+a recursive macro. Counting work in-process would mean predicting the size of every C-level
+operation a template can reach (repetition, padding, joins, formatting, big-integer powers);
+one missed is an unbounded allocation inside the engine. So templates render in a small worker
+(template_worker.py: jinja2 only, its address space capped), started once and reused: a render
+costs a pipe round trip, not a process. The worker answers within RENDER_SECONDS or is killed
+(and restarted for the next render); a caller's `should_stop` (the chat's Esc) kills it the same
+way. Every failure is one LocalspecError naming the model and the fix.
 """
 from __future__ import annotations
 
-from typing import Sequence
-
-from jinja2 import TemplateError
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+import json
+import select
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import IO, Callable, Sequence
 
 from .errors import LocalspecError
 
+RENDER_SECONDS = 2.0     # a real template renders in milliseconds; this is the hostile one's limit
+START_SECONDS = 30.0     # starting the worker (an interpreter and jinja2) on a loaded machine
+POLL_SECONDS = 0.05      # how often a waiting render looks at should_stop
+WORKER = Path(__file__).with_name("template_worker.py")
 
-def _raise_exception(message: str) -> None:
-    raise TemplateError(message)
+
+def template_fix(model: str) -> str:
+    return (f"Run `localspec generate --raw --model {model}` for a plain completion without the "
+            "template, or use a model whose chat template works (chat and ask need one)")
 
 
 def render_chat(template: str | None, messages: Sequence[dict], *, bos_token: str = "",
-                eos_token: str = "") -> str:
+                eos_token: str = "", model: str = "the model",
+                should_stop: Callable[[], bool] | None = None) -> str:
+    """The prompt text for `messages`; `model` names the model in errors; `should_stop` is
+    polled while the render runs and ends it (LocalspecError "stopped") when it says so."""
     if not template:
-        raise LocalspecError("The model has no chat template",
-                             "its GGUF metadata lacks tokenizer.chat_template",
-                             "Use --raw for a plain completion, or a chat/instruct model")
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    env.globals["raise_exception"] = _raise_exception
-    try:
-        return env.from_string(template).render(messages=list(messages), add_generation_prompt=True,
-                                                 bos_token=bos_token, eos_token=eos_token)
-    except TemplateError as err:
-        raise LocalspecError("The model's chat template failed", str(err),
-                             "Use --raw for a plain completion") from None
+        raise LocalspecError(f"{model} has no chat template",
+                             "its GGUF metadata lacks tokenizer.chat_template", template_fix(model))
+    request = {"template": template, "messages": list(messages), "bos_token": bos_token,
+               "eos_token": eos_token}
+    answer = _RENDERER.render(json.dumps(request, ensure_ascii=False), model, should_stop)
+    if "text" in answer:
+        return answer["text"]
+    raise LocalspecError(f"The chat template of {model} failed", str(answer["error"]),
+                         template_fix(model))
+
+
+class _Renderer:
+    """The worker process, started on first use; one render at a time."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen | None = None
+
+    def render(self, request: str, model: str, should_stop: Callable[[], bool] | None) -> dict:
+        with self._lock:
+            proc = self._proc if self._proc is not None and self._proc.poll() is None else self._start()
+            try:
+                proc.stdin.write(request + "\n")
+                proc.stdin.flush()
+            except BrokenPipeError:
+                self._stop()
+                raise _crashed(model, "the worker went away") from None
+            try:
+                line, why = _read_line(proc.stdout, time.monotonic() + RENDER_SECONDS, should_stop)
+            except BaseException:        # Ctrl+C: the answer would be read by the next render
+                self._stop()
+                raise
+            if line:
+                return json.loads(line)
+            self._stop()
+            if why == "stopped":
+                raise LocalspecError("Reply stopped", f"the prompt for {model} was being rendered",
+                                     "Send the message again")
+            if why == "deadline":
+                raise LocalspecError(f"The chat template of {model} failed",
+                                     f"rendering it ran past {RENDER_SECONDS:g} s (a template "
+                                     "that loops or builds text without end)", template_fix(model))
+            raise _crashed(model, "the worker exited")
+
+    def _start(self) -> subprocess.Popen:
+        self._stop()
+        proc = subprocess.Popen([sys.executable, "-I", str(WORKER)], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                                encoding="utf-8", bufsize=1)
+        self._proc = proc
+        line, _ = _read_line(proc.stdout, time.monotonic() + START_SECONDS, None)
+        if not line:
+            self._stop()
+            raise LocalspecError("Could not start the chat template renderer",
+                                 f"{sys.executable} {WORKER} did not start",
+                                 "Check the localspec installation (jinja2 must be importable)")
+        return proc
+
+    def _stop(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            proc.kill()
+            proc.wait()
+            proc.stdin.close()
+            proc.stdout.close()
+
+    def close(self) -> None:
+        with self._lock:
+            self._stop()
+
+
+def _read_line(stream: IO[str], deadline: float, should_stop: Callable[[], bool] | None
+               ) -> tuple[str, str]:
+    """A line from the worker, or ("", why): "deadline", "stopped" or "eof"."""
+    while True:
+        if should_stop is not None and should_stop():
+            return "", "stopped"
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return "", "deadline"
+        ready, _, _ = select.select([stream], [], [], min(left, POLL_SECONDS))
+        if ready:
+            line = stream.readline()       # the worker writes whole lines
+            return (line, "") if line.endswith("\n") else ("", "eof")
+
+
+def _crashed(model: str, what: str) -> LocalspecError:
+    return LocalspecError(f"The chat template of {model} failed",
+                          f"{what} while rendering it (a template that exhausts its memory)",
+                          template_fix(model))
+
+
+_RENDERER = _Renderer()

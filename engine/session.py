@@ -194,11 +194,14 @@ class Session:
             self.model.close()
             raise
 
-    def chat_prompt(self, messages: Sequence[dict]) -> list[int]:
+    def chat_prompt(self, messages: Sequence[dict],
+                    should_stop: Callable[[], bool] | None = None) -> list[int]:
+        """The chat template's prompt for `messages` (should_stop: see render_chat)."""
         m = self.model
         text = render_chat(m.meta("tokenizer.chat_template"), messages,
                            bos_token=m.token_text(m.special_token("bos")),
-                           eos_token=m.token_text(m.special_token("eos")))
+                           eos_token=m.token_text(m.special_token("eos")), model=m.path.name,
+                           should_stop=should_stop)
         return m.tokenize(text, special=True)
 
     def raw_prompt(self, text: str) -> list[int]:

@@ -3,7 +3,11 @@
 llama.cpp answers a truncated or foreign file with a NULL model at best and a GGML_ASSERT that kills
 the process at worst, so localspec reads the header itself: the magic, the metadata, and the tensor
 table, from which the end of the tensor data follows. A file shorter than that is truncated.
-Reading needs no tensor data, so it costs a fraction of a second even for a multi-GB model.
+Reading needs no tensor data, so it costs a fraction of a second even for a multi-GB model, and
+no header can make it cost more: every count and length is checked against the bytes that remain
+(and a sane maximum) before it drives a loop, fixed-size arrays are skipped in one step, and what
+llama.cpp would abort on or read past (a tokenizer array of the wrong type or length, a bad
+alignment, a misplaced tensor) is refused here with its cause.
 The vocabulary sits near the start of the header, so `header_vocabulary` can fingerprint it from
 the first megabytes alone: `localspec pull` compares a target's and a draft's vocabularies from a
 Range request before downloading gigabytes.
@@ -23,8 +27,26 @@ from localspec.models.errors import LocalspecError
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
             10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
-# Metadata worth keeping (string arrays such as the vocabulary are kept as a count only).
-_KEEP_ARRAY_LEN = ("tokenizer.ggml.tokens",)
+_U32, _I32, _F32 = 4, 5, 6
+_U64 = struct.Struct("<Q")
+# Bounds that make reading any header cheap. Each is far above what a real model has (tens of
+# metadata keys, a few thousand tensors, a tokenizer of at most a few hundred thousand tokens and
+# as many merges), and together they keep the worst header a short walk in Python.
+_MAX_KV = 1 << 16
+_MAX_TENSORS = 1 << 18
+_MAX_STRINGS = 1 << 23        # strings walked in all metadata arrays together
+# A count or length claiming more bytes than this is corruption, not a cut-short download.
+_PLAUSIBLE_BYTES = 1 << 48
+_MIN_KV_BYTES = 8 + 1 + 4 + 1          # key length, a 1-byte key, value type, a 1-byte value
+_MIN_TENSOR_BYTES = 8 + 1 + 4 + 4 + 8  # name length, a 1-byte name, n_dims, type, offset
+# What llama.cpp's GGUF reader allows (GGML_MAX_DIMS, GGML_MAX_NAME - 1, int64 element counts).
+_MAX_DIMS, _MAX_NAME, _MAX_ELEMENTS = 4, 63, (1 << 63) - 1
+# Tokenizer arrays llama.cpp indexes by token id without checking their type or length: a wrong
+# one aborts it (GGML_ASSERT) or reads past the array.
+_PER_TOKEN = {"tokenizer.ggml.scores": _F32, "tokenizer.ggml.token_type": _I32}
+_TYPE_NAMES = {0: "uint8", 1: "int8", 2: "uint16", 3: "int16", 4: "uint32", 5: "int32",
+               6: "float32", 7: "bool", 8: "string", 9: "array", 10: "uint64", 11: "int64",
+               12: "float64"}
 # What a vocabulary fingerprint covers: the tokenizer model and the token texts, as raw bytes.
 _VOCAB_KEYS = ("tokenizer.ggml.model", "tokenizer.ggml.tokens")
 
@@ -64,42 +86,86 @@ def tensor_rows(info: GGUFInfo, name: str, rows=None):
 
 
 class _Reader:
+    """Reads the header in place. Every count and length is checked against the bytes that remain
+    before anything is read or looped over, so the work is bounded by the file, never by a claim
+    in it; arrays of fixed-size values are skipped in one step, arrays of strings walk their
+    length prefixes only."""
+
     def __init__(self, buf: mmap.mmap | bytes, path: Path) -> None:
         self.buf, self.pos, self.path = buf, 0, path
+        self.strings = 0          # strings walked so far (the _MAX_STRINGS budget)
 
-    def take(self, fmt: str):
+    def need(self, n_bytes: int, what: str) -> None:
+        """Raise unless `n_bytes` more bytes are there for `what`."""
+        left = len(self.buf) - self.pos
+        if n_bytes > _PLAUSIBLE_BYTES:
+            raise _Corrupt(f"{what} claims {n_bytes:,} bytes, more than any model file holds")
+        if n_bytes > left:
+            raise _Truncated(f"{what} needs {n_bytes:,} bytes but only {left:,} remain")
+
+    def take(self, fmt: str, what: str = "the header"):
         size = struct.calcsize(fmt)
-        if self.pos + size > len(self.buf):
-            raise _Truncated()
+        self.need(size, what)
         (value,) = struct.unpack_from(fmt, self.buf, self.pos)
         self.pos += size
         return value
 
-    def string(self) -> str:
-        n = self.take("<Q")
-        if self.pos + n > len(self.buf):
-            raise _Truncated()
+    def string(self, what: str = "a string") -> str:
+        n = self.take("<Q", what)
+        self.need(n, what)
         raw = bytes(self.buf[self.pos:self.pos + n])
         self.pos += n
         return raw.decode("utf-8", errors="replace")
 
-    def value(self, vtype: int, keep: bool = True):
-        if vtype in _SCALARS:
-            return self.take(_SCALARS[vtype])
-        if vtype == _STRING:
-            return self.string()
-        if vtype == _ARRAY:
-            itype, n = self.take("<I"), self.take("<Q")
-            if itype in _SCALARS and itype != 7:
-                size = struct.calcsize(_SCALARS[itype]) * n
-                if self.pos + size > len(self.buf):
-                    raise _Truncated()
-                self.pos += size
-                return n
+    def skip_strings(self, n: int, what: str) -> None:
+        """Step over `n` strings reading only their length prefixes."""
+        self.need(8 * n, what)                     # each string has at least its length
+        self.strings += n
+        if self.strings > _MAX_STRINGS:
+            raise _Corrupt(f"{what} brings the header to {self.strings:,} strings; "
+                           f"no model's tokenizer has more than {_MAX_STRINGS:,}")
+        buf, pos, unpack = self.buf, self.pos, _U64.unpack_from
+        try:
             for _ in range(n):
-                self.value(itype, keep=False)
-            return n
-        raise _Corrupt(f"unknown metadata value type {vtype}")
+                pos += 8 + unpack(buf, pos)[0]
+        except (struct.error, OverflowError):      # a length prefix past the end, or a huge one
+            pos = len(buf) + 1
+        if pos > len(buf):
+            raise _Truncated(f"{what} runs past the end of the file")
+        self.pos = pos
+
+    def value(self, vtype: int, what: str):
+        """A metadata value: a scalar or string as read; an array as (item type, count)."""
+        if vtype in _SCALARS:
+            return self.take(_SCALARS[vtype], what)
+        if vtype == _STRING:
+            return self.string(what)
+        if vtype == _ARRAY:
+            itype, n = self.take("<I", what), self.take("<Q", what)
+            if itype in _SCALARS:
+                self.need(struct.calcsize(_SCALARS[itype]) * n, what)
+                self.pos += struct.calcsize(_SCALARS[itype]) * n
+            elif itype == _STRING:
+                self.skip_strings(n, what)
+            else:    # llama.cpp reads no arrays of arrays
+                raise _Corrupt(f"{what} is an array of {_type_name(itype)} values")
+            return _Array(itype, n)
+        raise _Corrupt(f"{what} has unknown value type {vtype}")
+
+
+def _quote(text: str) -> str:
+    """A key or tensor name for a message: a corrupt one can be megabytes of control bytes."""
+    return repr(text if len(text) <= 60 else text[:60] + "…")
+
+
+def _type_name(vtype: int) -> str:
+    return _TYPE_NAMES.get(vtype, f"unknown type {vtype}")
+
+
+@dataclass(frozen=True)
+class _Array:
+    item_type: int
+    count: int
 
 
 class _Truncated(Exception):
@@ -131,15 +197,19 @@ def header_vocabulary(buf, name: str) -> Vocabulary | None:
     size = 0
     try:
         r.pos = 4 + 4 + 8                      # magic, version, tensor count
-        for _ in range(r.take("<Q")):
-            key = r.string()
-            vtype = r.take("<I")
+        n_kv = r.take("<Q", "the metadata count")
+        if n_kv > _MAX_KV:
+            raise _Corrupt(f"the header claims {n_kv:,} metadata entries; no model has more than "
+                           f"{_MAX_KV:,}")
+        for _ in range(n_kv):
+            key = r.string("a metadata key")
+            vtype = r.take("<I", f"metadata {_quote(key)}")
             start = r.pos
-            value = r.value(vtype)
+            value = r.value(vtype, f"metadata {_quote(key)}")
             if key in _VOCAB_KEYS:
                 found[key] = bytes(buf[start:r.pos])
-                if key == "tokenizer.ggml.tokens":
-                    size = int(value)
+                if key == "tokenizer.ggml.tokens" and vtype == _ARRAY:
+                    size = value.count
                 if len(found) == len(_VOCAB_KEYS):
                     break
     except _Truncated:
@@ -172,13 +242,10 @@ def token_texts(path: str | Path) -> list[str]:
         for _ in range(r.take("<Q")):
             key = r.string()
             vtype = r.take("<I")
-            if key == "tokenizer.ggml.tokens" and vtype == _ARRAY:
-                itype, n = r.take("<I"), r.take("<Q")
-                if itype == _STRING:
-                    return [r.string() for _ in range(n)]
-                raise LocalspecError("Model file is corrupt", f"'{path}': tokens are not strings",
-                                     _fix_for(path))
-            r.value(vtype)
+            if key == "tokenizer.ggml.tokens":     # read_gguf checked: an array of strings
+                r.take("<I")                  # the item type
+                return [r.string() for _ in range(r.take("<Q"))]
+            r.value(vtype, key)
     return []
 
 
@@ -209,9 +276,9 @@ def read_gguf(path: str | Path, require_vocab: bool = True) -> GGUFInfo:
         with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
             try:
                 return _parse(_Reader(buf, path), size, require_vocab)
-            except _Truncated:
+            except _Truncated as err:
                 raise LocalspecError("Model file is truncated",
-                                     f"'{path}' ends inside its header ({size} bytes)",
+                                     f"'{path}' ends inside its header ({size:,} bytes): {err}",
                                      _fix_for(path)) from None
             except _Corrupt as err:
                 raise LocalspecError("Model file is corrupt", f"'{path}': {err}",
@@ -220,38 +287,35 @@ def read_gguf(path: str | Path, require_vocab: bool = True) -> GGUFInfo:
 
 def _parse(r: _Reader, size: int, require_vocab: bool = True) -> GGUFInfo:
     r.pos = 4
-    version = r.take("<I")
+    version = r.take("<I", "the version")
     if version not in (2, 3):
         raise _Corrupt(f"unsupported GGUF version {version}")
-    n_tensors, n_kv = r.take("<Q"), r.take("<Q")
-    meta: dict = {}
-    vocab = 0
-    for _ in range(n_kv):
-        key = r.string()
-        vtype = r.take("<I")
-        value = r.value(vtype)
-        if vtype != _ARRAY:
+    n_tensors, n_kv = r.take("<Q", "the tensor count"), r.take("<Q", "the metadata count")
+    _check_count(r, n_kv, _MAX_KV, _MIN_KV_BYTES, "metadata entries")
+    meta: dict = {}                  # scalars and strings
+    arrays: dict[str, _Array] = {}
+    types: dict[str, int] = {}
+    for i in range(n_kv):
+        key = r.string(f"metadata key {i}")
+        if not key or key in types:
+            raise _Corrupt(f"metadata key {i} is {'empty' if not key else f'a second {_quote(key)}'}")
+        types[key] = vtype = r.take("<I", f"metadata {_quote(key)}")
+        value = r.value(vtype, f"metadata {_quote(key)}")
+        if vtype == _ARRAY:
+            arrays[key] = value
+        else:
             meta[key] = value
-        elif key in _KEEP_ARRAY_LEN:
-            vocab = int(value)
-    alignment = int(meta.get("general.alignment", 32))
-    end = 0
+    alignment = _alignment(meta, types)
+    vocab = _vocabulary(meta, arrays, types, require_vocab)
+    _check_count(r, n_tensors, _MAX_TENSORS, _MIN_TENSOR_BYTES, "tensors")
+    end = expected = 0
     tensors = {}
-    for _ in range(n_tensors):
-        name = r.string()
-        n_dims = r.take("<I")
-        if n_dims > 8:
-            raise _Corrupt(f"tensor '{name}' claims {n_dims} dimensions")
-        dims = tuple(r.take("<Q") for _ in range(n_dims))
-        n_elems = 1
-        for d in dims:
-            n_elems *= d
-        ttype, offset = r.take("<I"), r.take("<Q")
-        try:
-            block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(ttype)]
-        except (ValueError, KeyError):
-            raise _Corrupt(f"tensor '{name}' has unknown type {ttype}") from None
-        end = max(end, offset + n_elems // block * type_size)
+    for i in range(n_tensors):
+        name, dims, ttype, offset, nbytes = _tensor_info(r, i, tensors)
+        if offset != expected:       # llama.cpp wants the tensors packed in order, each aligned
+            raise _Corrupt(f"tensor {_quote(name)} starts at data offset {offset:,}, expected {expected:,}")
+        expected += -(-nbytes // alignment) * alignment
+        end = offset + nbytes
         tensors[name] = (dims, ttype, offset)
     data_start = -(-r.pos // alignment) * alignment
     tensors = {k: (dims, ttype, data_start + off) for k, (dims, ttype, off) in tensors.items()}
@@ -264,6 +328,74 @@ def _parse(r: _Reader, size: int, require_vocab: bool = True) -> GGUFInfo:
                              f"'{r.path}' has {size:,} bytes but its tensors need {data_end:,} "
                              f"({data_end - size:,} missing; an interrupted download?)",
                              _fix_for(r.path))
-    if vocab == 0 and require_vocab:
-        raise _Corrupt("no tokenizer vocabulary (tokenizer.ggml.tokens) in its metadata")
     return info
+
+
+def _check_count(r: _Reader, n: int, most: int, min_bytes: int, what: str) -> None:
+    """A count is checked before the loop it drives: against a sane maximum and the bytes left."""
+    if n > most:
+        raise _Corrupt(f"the header claims {n:,} {what}; no model has more than {most:,}")
+    r.need(n * min_bytes, f"the header's {n:,} {what}")
+
+
+def _alignment(meta: dict, types: dict[str, int]) -> int:
+    if "general.alignment" not in types:
+        return 32
+    alignment = meta.get("general.alignment")
+    if types["general.alignment"] != _U32 or alignment == 0 or alignment & (alignment - 1):
+        raise _Corrupt(f"general.alignment must be a power of two stored as uint32, it is "
+                       f"{alignment!r} ({_type_name(types['general.alignment'])})")
+    return alignment
+
+
+def _vocabulary(meta: dict, arrays: dict[str, _Array], types: dict[str, int],
+                require_vocab: bool) -> int:
+    """The token count, after checking what llama.cpp trusts: the tokens are strings, the
+    per-token arrays have an entry of the right type for every token, the merges are strings."""
+    tokens = arrays.get("tokenizer.ggml.tokens")
+    if "tokenizer.ggml.tokens" not in types:
+        if require_vocab:
+            raise _Corrupt("no tokenizer vocabulary (tokenizer.ggml.tokens) in its metadata")
+        return 0
+    if tokens is None or tokens.item_type != _STRING:
+        raise _Corrupt("tokenizer.ggml.tokens is not an array of strings")
+    if require_vocab and not isinstance(meta.get("general.architecture"), str):
+        raise _Corrupt("general.architecture is missing or not a string")
+    for key, itype in _PER_TOKEN.items():
+        if key in types:
+            got = arrays.get(key)
+            if got is None or got.item_type != itype or got.count < tokens.count:
+                shown = (f"{got.count:,} {_type_name(got.item_type)} values" if got is not None
+                         else f"a single {_type_name(types[key])}")
+                raise _Corrupt(f"{key} must hold one {_type_name(itype)} per token "
+                               f"({tokens.count:,}); it holds {shown}")
+    merges = arrays.get("tokenizer.ggml.merges")
+    if "tokenizer.ggml.merges" in types and (merges is None or merges.item_type != _STRING):
+        raise _Corrupt("tokenizer.ggml.merges is not an array of strings")
+    return tokens.count
+
+
+def _tensor_info(r: _Reader, i: int, seen: dict) -> tuple[str, tuple[int, ...], int, int, int]:
+    """One tensor's (name, dims, ggml type, data offset, bytes), checked as llama.cpp checks it."""
+    name = r.string(f"tensor name {i}")
+    what = f"tensor {_quote(name)}"
+    if len(name.encode()) > _MAX_NAME or name in seen:
+        raise _Corrupt(f"{what} {'is a second tensor of that name' if name in seen else 'has too long a name'}")
+    n_dims = r.take("<I", what)
+    if n_dims > _MAX_DIMS:
+        raise _Corrupt(f"{what} claims {n_dims} dimensions (at most {_MAX_DIMS})")
+    dims = tuple(r.take("<Q", what) for _ in range(n_dims))
+    n_elems = 1
+    for d in dims:
+        n_elems *= d
+    if n_elems > _MAX_ELEMENTS or any(d > _MAX_ELEMENTS for d in dims):
+        raise _Corrupt(f"{what} has shape {dims}: too many elements")
+    ttype, offset = r.take("<I", what), r.take("<Q", what)
+    try:
+        block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(ttype)]
+    except (ValueError, KeyError):
+        raise _Corrupt(f"{what} has unknown type {ttype}") from None
+    if dims and dims[0] % block:
+        raise _Corrupt(f"{what} has rows of {dims[0]} elements, not a multiple of its type's "
+                       f"block of {block}")
+    return name, dims, ttype, offset, n_elems // block * type_size

@@ -37,7 +37,7 @@ from typing import Iterable, Iterator, Sequence
 
 from localspec.models.errors import LocalspecError
 from localspec.models.paths import data_dir
-from localspec.models.sqlite_file import open_sqlite
+from localspec.models.sqlite_file import explained, open_sqlite
 
 KINDS = ("conversation", "file")
 DEFAULT_MAX_N = 4
@@ -119,10 +119,12 @@ class StoreInfo:
     sources: tuple[SourceInfo, ...]
 
 
-def _unusable(path: Path, err: Exception) -> LocalspecError:
-    return LocalspecError("Personal n-gram store is unusable", f"'{path}': {err}",
-                          f"Delete '{path}' (it only holds statistics learnt from your "
-                          "conversations; it is rebuilt as you chat)")
+WHAT = "Personal n-gram store"
+
+
+def _damaged_fix(path: Path) -> str:
+    return (f"Delete '{path}' (it only holds statistics learnt from your conversations; it is "
+            "rebuilt as you chat), or run with --no-personal")
 
 
 class NgramStore:
@@ -218,8 +220,8 @@ class NgramStore:
             db.execute("DELETE FROM ngrams")
             db.execute("DELETE FROM sources")
             _count_erasure(db)
-        with self._lock:
-            self._conn.execute("VACUUM")
+        with self._read() as db:
+            db.execute("VACUUM")
         self._checkpoint()
 
     def _prune(self, db: sqlite3.Connection) -> None:
@@ -242,8 +244,8 @@ class NgramStore:
         if not wanted:
             return out
         marks = ",".join("?" * len(wanted))
-        with self._lock:
-            rows = self._conn.execute(
+        with self._read() as db:
+            rows = db.execute(
                 f"SELECT context, next, SUM(count) AS c FROM ngrams WHERE context IN ({marks}) "
                 "GROUP BY context, next ORDER BY context, c DESC, next", list(wanted)).fetchall()
         for ctx, nxt, c in rows:
@@ -268,9 +270,9 @@ class NgramStore:
         return int(self._meta("erasures") or 0)
 
     def info(self) -> StoreInfo:
-        with self._lock:
-            rows = self._conn.execute("SELECT id, kind, name, added_at, n_tokens, n_rows FROM "
-                                      "sources ORDER BY added_at, id").fetchall()
+        with self._read() as db:
+            rows = db.execute("SELECT id, kind, name, added_at, n_tokens, n_rows FROM "
+                              "sources ORDER BY added_at, id").fetchall()
         sources = tuple(SourceInfo(*r) for r in rows)
         size = sum(p.stat().st_size for p in (self.path, Path(f"{self.path}-wal")) if p.exists())
         return StoreInfo(path=self.path, key=self.key, label=self._meta("label") or "",
@@ -278,22 +280,28 @@ class NgramStore:
                          n_ngrams=sum(s.n_ngrams for s in sources), bytes=size, sources=sources)
 
     def integrity_ok(self) -> bool:
-        with self._lock:
-            return self._conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        with self._read() as db:
+            return db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
 
     # ---- plumbing -----------------------------------------------------------------------------
     def _meta(self, name: str) -> str | None:
-        with self._lock:
-            row = self._conn.execute("SELECT value FROM meta WHERE name = ?", (name,)).fetchone()
+        with self._read() as db:
+            row = db.execute("SELECT value FROM meta WHERE name = ?", (name,)).fetchone()
         return None if row is None else row[0]
 
     def _set_meta(self, name: str, value: str) -> None:
         self._conn.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (name, value))
 
     @contextmanager
+    def _read(self) -> Iterator[sqlite3.Connection]:
+        """The connection under the lock; an SQLite failure becomes a LocalspecError."""
+        with self._lock, explained(self.path, WHAT, _damaged_fix(self.path)):
+            yield self._conn
+
+    @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
         """BEGIN IMMEDIATE ... COMMIT, bumping the revision; ROLLBACK if the body raises."""
-        with self._lock:
+        with self._lock, explained(self.path, WHAT, _damaged_fix(self.path)):
             self._conn.execute("BEGIN IMMEDIATE")
             try:
                 yield self._conn
@@ -305,8 +313,8 @@ class NgramStore:
             self._conn.execute("COMMIT")
 
     def _checkpoint(self) -> None:
-        with self._lock:
-            self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        with self._read() as db:
+            db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
 
 def _count_erasure(db: sqlite3.Connection) -> None:
@@ -321,7 +329,10 @@ def _check_kind(kind: str) -> None:
 
 
 def _connect(path: Path) -> sqlite3.Connection:
-    return open_sqlite(path, MIGRATIONS, what="N-gram store", unusable=_unusable)
+    # no check_pages: every engine start would read a store near its row cap whole; a damaged
+    # page is reported by the first read that meets it (_read, _write)
+    return open_sqlite(path, MIGRATIONS, what=WHAT, damaged_fix=_damaged_fix(path),
+                       check_pages=False)
 
 
 def learn(store: NgramStore, conversation_id: str, tokens: Sequence[int]) -> int:

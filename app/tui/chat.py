@@ -3,9 +3,9 @@
 Why it is shaped so:
 
 * **The history is written first, the screen follows.** A user message is committed before it
-  is sent to the engine; a reply row exists (``streaming``) before its first token, its text is
-  checkpointed about once a second, and it is committed ``complete`` / ``stopped`` / ``error``
-  before its header says so. A kill -9 at any moment loses nothing already shown as saved.
+  is sent to the engine; a reply row exists (``streaming``) before its first token, each piece
+  of its text is checkpointed before it is shown, and it is committed ``complete`` / ``stopped``
+  / ``error`` before its header says so. A kill -9 at any moment loses nothing already shown.
 * **Esc stops at once.** The reply is finished as ``stopped`` with the text shown so far the moment
   the key is pressed; the engine is told to stop, and its remaining events for that request are
   dropped (each generation resets the target, so the engine's state stays consistent).
@@ -16,7 +16,6 @@ Why it is shaped so:
 from __future__ import annotations
 
 import secrets
-import time
 import uuid
 from dataclasses import dataclass, field
 
@@ -35,7 +34,6 @@ from .dialogs import ConfirmScreen, TextPromptScreen
 from .format import engine_line, lead_source, stages_line
 from .widgets import MessageView, PromptInput, StatusBar
 
-CHECKPOINT_SECONDS = 1.0
 CUT_NOTES = {"length": "cut at max tokens (Ctrl+O)", "context": "the context is full"}
 WELCOME = ("Type a message and press Enter (Shift+Enter, Alt+Enter or Ctrl+J: new line). "
            "/file PATH attaches a file. Esc stops a reply. Ctrl+O: settings.")
@@ -51,7 +49,6 @@ class Reply:
     view: MessageView | None          # None once the user switched to another conversation
     text: str = ""
     segments: list[tuple[str, str]] = field(default_factory=list)
-    saved_at: float = field(default_factory=time.monotonic)
 
 
 class ChatScreen(Screen):
@@ -364,13 +361,11 @@ class ChatScreen(Screen):
                     if event.pieces else [(event.text, lead_source(event.sources))])
         reply.text += event.text
         reply.segments.extend(segments)
+        self.history.checkpoint(reply.message_id, reply.text, reply.segments)   # saved, then shown
         if reply.view is not None:
             await reply.view.append(event.text, segments)
             if reply.view.is_attached:
                 self.query_one("#messages", VerticalScroll).scroll_end(animate=False)
-        if time.monotonic() - reply.saved_at > CHECKPOINT_SECONDS:
-            self.history.checkpoint(reply.message_id, reply.text, reply.segments)
-            reply.saved_at = time.monotonic()
 
     async def finish(self, state: str, text: str | None = None, stats: dict | None = None,
                      note: str = "") -> None:
