@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 MODELS ?= $(HOME)/.cache/localspec-bench
 
-.PHONY: install chat test test-fast bench-models wheel clean
+.PHONY: install chat test test-fast test-unit bench-models wheel clean
 
 $(VENV)/.installed: pyproject.toml packaging/build-llama-wheel.sh $(wildcard packaging/patches/*.patch)
 	$(PY) -m venv $(VENV)
@@ -28,8 +28,14 @@ test: install bench-models
 	$(BIN)/ruff check .
 	LOCALSPEC_BENCH_MODELS=$(MODELS) $(BIN)/python -m pytest -q -rs
 
+# Test tiers: tests/unit (pure logic, seconds), tests/engine (the tiny models), tests/app (the CLI,
+# the engine process, the chat screen under Pilot) and tests/system (wheel, clean venv, pull against a
+# local hub, tmux, the reference pair). `make test` runs them all; test-fast the first three.
 test-fast: install
-	$(BIN)/python -m pytest -q -m "not real_pair"
+	$(BIN)/python -m pytest -q tests/unit tests/engine tests/app
+
+test-unit: install
+	$(BIN)/python -m pytest -q tests/unit
 
 wheel:
 	$(BIN)/python -m build --outdir dist .

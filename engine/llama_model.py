@@ -84,7 +84,7 @@ class LlamaModel:
         get decoded alone, bit for bit, so verifying a draft tree computes what plain decoding
         computes and greedy speculation emits plain decoding's tokens exactly (by default
         llama.cpp's batched matmuls sum in another order: differences up to ~0.4, which flip
-        near-ties, ../shared/docs/METHOD.md). It costs speed: no repacked weights (their batched
+        near-ties, docs/exact-numerics.md). It costs speed: no repacked weights (their batched
         kernel differs from the one-row kernel), flash attention on (its per-row loop is the
         same for 1..63 rows), no tiled matmul and no split-KV attention (native.ExactNumerics, held while open).
         Checked at load."""

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 NATIVE = {"llama_cpp", "torch", "numpy"}
 
 UI_MODULES = sorted({f"localspec.app.tui.{p.stem}" for p in (ROOT / "app" / "tui").glob("*.py")}

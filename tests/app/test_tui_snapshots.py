@@ -1,7 +1,7 @@
 """Snapshots of the main screens with fixed content (stored conversations, a scripted engine that
 only reports Ready): the chat, the chat with token colouring, after an engine crash, settings,
 and first run.
-Update them after an intended change with: pytest tests/test_tui_snapshots.py --snapshot-update"""
+Update them after an intended change with: pytest tests/app/test_tui_snapshots.py --snapshot-update"""
 from __future__ import annotations
 
 import pytest

@@ -28,7 +28,7 @@ LONG_PROMPT = "".join(f"def f{i}(x):\n    return x * {i} + {i * i}\n\n" for i in
 EDIT_PROMPT = ('def mean(xs):\n    """Return the mean of xs."""\n    total = 0\n    for x in xs:\n'
                '        total += x\n    return total / len(xs)\n\n\n# the same function, with type hints\n'
                'def mean(xs: list[float]) -> float:\n')
-NEAR_TIE = 0.5   # logits units; ../shared/docs/METHOD.md saw differences up to ~0.4
+NEAR_TIE = 0.5   # logits units; near-ties on this pair differ by up to ~0.4 (docs/exact-numerics.md)
 
 
 def test_real_pair_speculative_greedy_matches_plain(real_pair):

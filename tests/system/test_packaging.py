@@ -8,7 +8,7 @@ import zipfile
 from importlib.metadata import version
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_wheel_top_level_names(tmp_path):

@@ -1,6 +1,6 @@
 """Exact numerics (`--exact`): llama.cpp made batch-invariant on the CPU, where greedy speculation
 must emit plain decoding's tokens bit for bit, with no near-tie allowance (by default llama.cpp's
-batched matmuls sum in another order than one-row decodes, ../shared/docs/METHOD.md)."""
+batched matmuls sum in another order than one-row decodes, docs/exact-numerics.md)."""
 from __future__ import annotations
 
 import ctypes
