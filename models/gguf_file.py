@@ -20,7 +20,6 @@ import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from localspec.models.errors import LocalspecError
 
@@ -74,6 +73,7 @@ def tensor_rows(info: GGUFInfo, name: str, rows=None):
     shape, ttype, offset = info.tensors[name]
     cols = shape[0]
     n_rows = int(np.prod(shape[1:])) if len(shape) > 1 else 1
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
     qtype = GGMLQuantizationType(ttype)
     block, type_size = GGML_QUANT_SIZES[qtype]
     row_bytes = cols // block * type_size
@@ -391,6 +391,7 @@ def _tensor_info(r: _Reader, i: int, seen: dict) -> tuple[str, tuple[int, ...], 
     if n_elems > _MAX_ELEMENTS or any(d > _MAX_ELEMENTS for d in dims):
         raise _Corrupt(f"{what} has shape {dims}: too many elements")
     ttype, offset = r.take("<I", what), r.take("<Q", what)
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType   # imports numpy: not at module level
     try:
         block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(ttype)]
     except (ValueError, KeyError):

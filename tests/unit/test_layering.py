@@ -22,7 +22,7 @@ NATIVE = {"llama_cpp", "torch", "numpy"}
 
 UI_MODULES = sorted({f"localspec.app.tui.{p.stem}" for p in (ROOT / "app" / "tui").glob("*.py")}
                     | {"localspec.app.history", "localspec.app.settings", "localspec.app.paths",
-                       "localspec.app.engine_proc"})
+                       "localspec.app.engine_proc", "localspec.models.library"})   # the first-run screen's
 
 
 def imported_names(folder: str) -> list[tuple[str, str]]:
