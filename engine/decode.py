@@ -88,7 +88,7 @@ class Engine:
         if self._buckets:
             stable_shapes = False
         for d in stages:
-            vocab = getattr(d, "vocab_size", None)
+            vocab = d.vocab_size
             if vocab is not None and vocab != target.vocab_size:
                 raise vocab_mismatch(d.name, vocab, target.model.path.name, target.vocab_size)
         self.target = target
@@ -102,7 +102,7 @@ class Engine:
                 if self.stages else (Arm(0),))
         self.dropped: tuple[Arm, ...] = ()
         if costs is not None and len(arms) > 1:
-            limits = next((d.limits for d in self.stages if d.uses_model and hasattr(d, "limits")), None)
+            limits = next((d.limits for d in self.stages if d.uses_model), None)
             kept = costs.viable(arms, limits.width if limits else 4, limits.max_depth if limits else 8)
             # the free drafters' arm stands in for plain decoding (pruned rounds can be plain steps)
             kept = tuple(a for a in arms if a in kept or not a.models)
@@ -355,8 +355,7 @@ class Engine:
             if self._worth is None or d.uses_model:
                 d.propose(tree, stage, budget, sampling, rng)
             elif self._worth.runs(stage, self.costs.target_cost(1)):
-                if hasattr(d, "catch_up"):
-                    d.catch_up()
+                d.catch_up()
                 t = time.perf_counter()
                 d.propose(tree, stage, budget, sampling, rng)
                 self._worth.ran(stage, time.perf_counter() - t)
