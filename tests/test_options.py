@@ -127,3 +127,19 @@ def test_chat_spec_round_trips_through_its_flags():
     spec = settings_options(over(Settings(model="coder"), flags), base)
     assert (spec.model, spec.draft, spec.exact, spec.speculation, spec.n_ctx) == ("coder", "d.gguf",
                                                                                  True, False, 1024)
+
+
+def test_the_library_default_runs_what_the_cli_runs(tiny):
+    """Session(Options(model, draft=...)) with nothing else: the adaptive budget over calibrated
+    costs, Max-Gram and the personal n-grams before the draft, as `localspec generate` does."""
+    from localspec.engine.session import Session
+
+    session = Session(Options(tiny.target_gguf, draft=tiny.draft_gguf, n_ctx=512, n_threads=1))
+    try:
+        assert [d.name for d in session.stages] == ["maxgram", "personal-ngram", "gguf-draft"]
+        assert session.costs is not None and session.engine.budget.adaptive
+        assert session.engine.budget.max_nodes == DEFAULT_TREE_NODES
+        result = session.run(session.raw_prompt("def add(a, b):"), max_tokens=8)
+        assert result.stats.tokens == len(result.tokens) > 0
+    finally:
+        session.close()
