@@ -70,8 +70,8 @@ def compose_question(question: str | None, piped: str | None) -> str:
 def plan(args: argparse.Namespace, piped: str | None) -> AskPlan:
     flags = given(args)
     run = over(load_settings(), settings_flags(flags))   # the chat's rule: flags for this run only
-    sampling = {k: flags[k] for k in ("temperature", "top_p", "top_k", "max_tokens") if k in flags}
-    run = replace(run, **sampling, **({"system_prompt": args.system} if args.system is not None else {}))
+    if args.system is not None:
+        run = replace(run, system_prompt=args.system)
     if not run.model:
         raise LocalspecError("No model configured",
                              f"no --model given and the settings ({settings_path()}) name none",
@@ -81,7 +81,7 @@ def plan(args: argparse.Namespace, piped: str | None) -> AskPlan:
     if run.system_prompt:
         messages.insert(0, {"role": "system", "content": run.system_prompt})
     sampled = SamplingParams(temperature=run.temperature, top_k=run.top_k, top_p=run.top_p,
-                             seed=flags.get("seed", 0))
+                             seed=flags.get("seed", 0))   # a one-shot is reproducible by default
     base = options_from_flags(flags, Options(run.model, sampling=sampled, max_tokens=run.max_tokens))
     options = settings_options(run, base)
     if "draft" in flags:      # a draft given is used, whatever stages the settings keep
@@ -101,6 +101,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
     from localspec.engine.decode import drain
     from localspec.engine.session import Session
 
+    given(args)   # a bad value is refused before stdin is read
     p = plan(args, read_piped(sys.stdin))
     session = Session(resolved(p.options))
     try:

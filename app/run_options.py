@@ -87,8 +87,10 @@ def options_from_flags(flags: Mapping[str, object], base: Options) -> Options:
 
 # ---- run flags over saved settings --------------------------------------------------------------
 # The settings a flag can stand over for one run (chat and ask): the models, exact numerics on,
-# speculation and the personal stage off. "personal" is the settings' stage of that name.
-OVER_SETTINGS = ("model", "draft", "exact", "speculation", "personal")
+# speculation and the personal stage off, the sampling. "personal" is the settings' stage of that
+# name.
+OVER_SETTINGS = ("model", "draft", "exact", "speculation", "personal",
+                 "temperature", "top_p", "top_k", "seed", "max_tokens")
 
 
 def settings_flags(flags: Mapping[str, object]) -> dict[str, object]:

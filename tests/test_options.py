@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -118,6 +119,15 @@ def test_flags_stand_over_settings_for_the_run_only():
     form = Settings(**{**run.to_json(), "stages": run.stages, "exact": False})
     to_save, still = edited(saved, flags, form)
     assert to_save.exact is False and "exact" not in still and over(to_save, still).exact is False
+
+
+def test_sampling_flags_stand_over_settings_like_the_others():
+    saved = Settings(model="coder", temperature=0.2, max_tokens=300)
+    flags = settings_flags(given(parse("--temperature", "0.9", "--seed", "7")))
+    run = over(saved, flags)
+    assert (run.temperature, run.seed, run.max_tokens) == (0.9, 7, 300)
+    to_save, still = edited(saved, flags, replace(run, top_k=5))
+    assert to_save == replace(saved, top_k=5) and still == flags
 
 
 def test_chat_spec_round_trips_through_its_flags():

@@ -60,17 +60,20 @@ class ChatApp(App):
                  engine_factory: EngineFactory = EngineProcess,
                  engine_spec: EngineSpec | None = None,
                  settings_file: Path | None = None,
-                 notice: LocalspecError | None = None) -> None:
+                 notice: LocalspecError | None = None,
+                 run_flags: dict[str, object] | None = None) -> None:
         """engine_spec: the options the settings do not hold (context size, GPU layers, threads);
         its model, draft, speculation/personal off and exact on are this run's flags (chat --model,
         --draft, --no-speculation, --no-personal, --exact), over the settings. A model given
-        (not "") brings its draft: the one given, or None (the model's own), not the saved one."""
+        (not "") brings its draft: the one given, or None (the model's own), not the saved one.
+        run_flags: the flags that stand over the settings for this run (app/run_options
+        settings_flags); None: those the spec implies (its models, exact, speculation, personal)."""
         super().__init__()
         self.settings, self.history = settings, history
         self.engine_factory, self.settings_file = engine_factory, settings_file
         self.base_spec = engine_spec or EngineSpec(model="")
         # this run's flags over the saved settings (app/run_options.py holds the rule)
-        self.run_flags = spec_flags(self.base_spec)
+        self.run_flags = dict(run_flags) if run_flags is not None else spec_flags(self.base_spec)
         # a --head was trained for the model chat started with
         self.head_model = self.run_settings(settings).model
         self.startup_notice = notice

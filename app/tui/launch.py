@@ -8,7 +8,7 @@ from pathlib import Path
 
 from localspec.app.engine_proc import EngineProcess, EngineSpec
 from localspec.app.history import History
-from localspec.app.run_options import given, options_from_flags
+from localspec.app.run_options import given, options_from_flags, settings_flags
 from localspec.app.settings import load_settings_or_default
 
 
@@ -30,4 +30,4 @@ def chat_app(args: argparse.Namespace, history: History, *, settings_file: Path 
     # (app/run_options.py), so saving the settings screen does not store them
     spec = options_from_flags(flags, EngineSpec(model=""))
     return ChatApp(settings, history, engine_factory=engine_factory, engine_spec=spec,
-                   settings_file=settings_file, notice=notice)
+                   settings_file=settings_file, notice=notice, run_flags=settings_flags(flags))
