@@ -153,3 +153,27 @@ def test_the_library_default_runs_what_the_cli_runs(tiny):
         assert result.stats.tokens == len(result.tokens) > 0
     finally:
         session.close()
+
+
+def test_every_drafter_implements_the_whole_protocol():
+    """The engine calls catch_up and cost_curve and reads vocab_size and limits on every stage,
+    without asking whether it has them."""
+    from localspec.engine.drafters.base import Drafter
+    from localspec.engine.drafters.head import HeadDrafter
+    from localspec.engine.drafters.llama_draft import LlamaDraft
+    from localspec.engine.drafters.maxgram import MaxGram
+    from localspec.engine.drafters.ngram import PersonalNgram
+    from localspec.engine.drafters.torch_draft import TorchDraft
+
+    methods = [name for name in ("begin", "propose", "accept", "catch_up", "cost_curve", "close")
+               if name in Drafter.__dict__]
+    assert len(methods) == 6
+    for cls in (MaxGram, PersonalNgram, LlamaDraft, TorchDraft, HeadDrafter):
+        missing = [m for m in methods if not callable(getattr(cls, m, None))]
+        assert not missing, (cls.__name__, missing)
+        assert isinstance(cls.name, str) and isinstance(cls.uses_model, bool)
+    costs = object()   # free drafters hand the costs back as they are
+    for free in (MaxGram(), PersonalNgram()):
+        assert free.vocab_size is None and free.limits is not None and not free.uses_model
+        assert free.cost_curve(costs) is costs
+        free.catch_up()
