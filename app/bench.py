@@ -38,7 +38,7 @@ from localspec.engine.llama_model import (
 )
 from localspec.engine.numerics import first_difference, top2_gap
 from localspec.engine.options import Options
-from localspec.engine.session import Session, draft_runs_in_torch, with_head, with_torch_draft
+from localspec.engine.session import Session, draft_runs_in_torch
 
 from .humaneval_check import pass_at_1
 from .workloads import Prompt
@@ -210,9 +210,14 @@ def run_bench(target: Path, draft: Path | None, prompts: Sequence[Prompt], names
         if any(config(n).budget.adaptive for n in names) or session.model.n_gpu_layers != 0:
             gguf = None if in_torch else draft_model
             costs = calibrate(session.model, gguf, max_nodes)
-            head_costs = with_head(costs, session.head) if session.head is not None else None
-            if draft_model is not None and gguf is None:
-                costs = with_torch_draft(costs, draft_model, draft)
+            if session.head is not None:
+                from localspec.engine.drafters.head import head_costs as measure_head
+                head_costs = measure_head(costs, session.head)
+            else:
+                head_costs = None
+            if in_torch:
+                from localspec.engine.drafters.torch_draft import torch_draft_costs
+                costs = torch_draft_costs(costs, draft_model, draft)
         else:
             head_costs = None
         skipped: dict[str, list[str]] = {}

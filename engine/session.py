@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 from .build import build, check_head_path, load_head  # noqa: F401  (load_head, check_head_path: the API)
-from .calibrate import Costs, write_json
+from .calibrate import write_json
 from .chat import render_chat
 from .config import GenerationRequest, SamplingParams
 from .decode import Generation, drain
@@ -31,18 +31,6 @@ def draft_runs_in_torch(path: Path | None, torch_draft: bool = False) -> bool:
         return False
     from . import torch_lm  # noqa: F401
     return True
-
-
-def with_torch_draft(costs: Costs, lm, path: Path | None) -> Costs:
-    """`costs` with the PyTorch draft's forward times (drafters/torch_draft.torch_draft_costs)."""
-    from .drafters.torch_draft import torch_draft_costs
-    return torch_draft_costs(costs, lm, path)
-
-
-def with_head(costs: Costs, head) -> Costs:
-    """`costs` with a draft head's step times (drafters/head.head_costs)."""
-    from .drafters.head import head_costs
-    return head_costs(costs, head)
 
 
 class Session:
