@@ -47,6 +47,7 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fixed-budget", action="store_true", default=None,
                    help="always draft --tree-nodes nodes (default: pick 0..N per round by measured speed)")
     p.add_argument("--gpu-layers", type=int, help="layers to offload to the GPU (default -1: all)")
+    p.add_argument("--threads", type=int, help="CPU threads (default: every core this process may use)")
 
 
 def add_sampling_options(p: argparse.ArgumentParser) -> None:
@@ -60,7 +61,7 @@ def add_sampling_options(p: argparse.ArgumentParser) -> None:
 # flag dest -> its name among the checked values (engine/options.RULES)
 _CHECKED = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "seed": "seed",
             "max_tokens": "max_tokens", "tree_nodes": "tree_nodes", "ctx": "n_ctx",
-            "gpu_layers": "n_gpu_layers"}
+            "gpu_layers": "n_gpu_layers", "threads": "n_threads"}
 
 
 def given(args: argparse.Namespace) -> dict[str, object]:
@@ -79,7 +80,7 @@ def options_from_flags(flags: Mapping[str, object], base: Options) -> Options:
         budget = TreeBudget(max_nodes=flags.get("tree_nodes", budget.max_nodes),
                             adaptive=not flags.get("fixed_budget", not budget.adaptive))
     simple = {"model": "model", "draft": "draft", "head": "head", "ctx": "n_ctx",
-              "gpu_layers": "n_gpu_layers", "exact": "exact", "speculation": "speculation",
+              "gpu_layers": "n_gpu_layers", "threads": "n_threads", "exact": "exact", "speculation": "speculation",
               "personal": "personal", "max_tokens": "max_tokens"}
     return replace(base, sampling=sampling, budget=budget,
                    **{field: flags[flag] for flag, field in simple.items() if flag in flags})

@@ -58,6 +58,7 @@ def test_json_round_trip_and_unknown_keys(tmp_path):
     (("--top-k", "-3"), "--top-k", ">= 0"),
     (("--max-tokens", "0"), "--max-tokens", ">= 1"),
     (("--gpu-layers", "-2"), "--gpu-layers", ">= -1"),
+    (("--threads", "0"), "--threads", ">= 1"),
 ])
 def test_bad_values_name_the_flag_and_the_range(argv, flag, want):
     with pytest.raises(LocalspecError) as err:
