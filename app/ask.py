@@ -20,47 +20,36 @@ import sys
 from dataclasses import dataclass, replace
 from typing import TextIO
 
-from localspec.engine.config import DEFAULT_TREE_NODES
+from localspec.engine.config import SamplingParams
 from localspec.engine.errors import LocalspecError
+from localspec.engine.options import Options
 
-from .paths import head_path, resolve_models
+from .run_options import given, options_from_flags, over, resolved, settings_flags, settings_options
 from .settings import Settings, load_settings, settings_path
 
 
 def add_ask(sub: argparse._SubParsersAction) -> None:
+    from .run_options import add_engine_options, add_model_options, add_sampling_options
+
     p = sub.add_parser("ask", help="answer one question (piped stdin is appended), streamed to stdout")
     p.add_argument("question", nargs="?", help="the question; piped stdin follows it as a fenced block")
-    p.add_argument("--model", help="target model: a .gguf file or an installed model's name "
-                                   "(default: the chat's settings)")
-    p.add_argument("--draft", help="draft model: a .gguf file or a transformers folder")
-    p.add_argument("--head", help="a draft head trained for the model (localspec head train), in the "
-                                  "draft model's place")
-    p.add_argument("--no-speculation", action="store_true", help="plain decoding, one token per target call")
-    p.add_argument("--no-personal", action="store_true", help="do not use the personal n-gram drafter")
-    p.add_argument("--max-tokens", type=int)
-    p.add_argument("--temperature", type=float, help="0 = greedy")
-    p.add_argument("--top-p", type=float)
-    p.add_argument("--top-k", type=int)
-    p.add_argument("--seed", type=int, default=0)
+    add_model_options(p, model_required=False,
+                      model_help="target model: a .gguf file or an installed model's name "
+                                 "(default: the chat's settings)")
+    add_engine_options(p)
+    add_sampling_options(p)
     p.add_argument("--system", help="system prompt (default: the chat's settings)")
-    p.add_argument("--ctx", type=int, default=4096, help="context size in tokens")
-    p.add_argument("--tree-nodes", type=int, default=DEFAULT_TREE_NODES, help="largest draft tree per round")
-    p.add_argument("--gpu-layers", type=int, default=-1, help="layers to offload to the GPU (-1 all)")
     p.add_argument("--stats", action="store_true", help="print speculation statistics to stderr")
-    p.add_argument("--exact", action="store_true",
-                   help="batch-invariant numerics (CPU only, slower): greedy speculation emits exactly "
-                        "plain decoding's tokens, bit for bit")
     p.set_defaults(run=cmd_ask)
 
 
 @dataclass(frozen=True)
 class AskPlan:
-    """What one ask runs: the settings with the flags applied."""
+    """What one ask runs: the settings with the flags over them, as engine options."""
 
     settings: Settings
     messages: list[dict]
-    personal: bool
-    use_draft: bool
+    options: Options
 
 
 def compose_question(question: str | None, piped: str | None) -> str:
@@ -79,41 +68,25 @@ def compose_question(question: str | None, piped: str | None) -> str:
 
 
 def plan(args: argparse.Namespace, piped: str | None) -> AskPlan:
-    try:
-        settings = load_settings().with_overrides(
-            model=args.model, draft=args.draft, temperature=args.temperature, top_p=args.top_p,
-            top_k=args.top_k, max_tokens=args.max_tokens, system_prompt=args.system,
-            speculation=False if args.no_speculation else None)
-    except ValueError as err:
-        raise LocalspecError("Bad option", str(err),
-                             "Use --temperature >= 0, 0 < --top-p <= 1, --top-k >= 0, "
-                             "--max-tokens >= 1") from None
-    if args.model and not args.draft:
-        settings = replace(settings, draft=None)   # the settings' draft belongs to their model
-    if not settings.model:
+    flags = given(args)
+    run = over(load_settings(), settings_flags(flags))   # the chat's rule: flags for this run only
+    if args.system is not None:
+        run = replace(run, system_prompt=args.system)
+    if not run.model:
         raise LocalspecError("No model configured",
                              f"no --model given and the settings ({settings_path()}) name none",
                              "Pass --model PATH.gguf, or install a model and name it: "
                              "localspec pull NAME, or localspec import NAME FILE.gguf")
     messages = [{"role": "user", "content": compose_question(args.question, piped)}]
-    if settings.system_prompt:
-        messages.insert(0, {"role": "system", "content": settings.system_prompt})
-    return AskPlan(settings, messages,
-                   personal="personal" in settings.stages and not args.no_personal,
-                   use_draft=args.draft is not None or "draft" in settings.stages)
-
-
-def open_session(p: AskPlan, args: argparse.Namespace):
-    from localspec.engine.config import TreeBudget
-    from localspec.engine.session import EngineConfig, Session
-
-    model, draft = resolve_models(p.settings.model, p.settings.draft)
-    return Session(EngineConfig(model=model, draft=draft if p.use_draft else None,
-                                head=head_path(args.head),
-                                speculation=p.settings.speculation, personal=p.personal,
-                                n_ctx=args.ctx, n_gpu_layers=args.gpu_layers,
-                                exact=args.exact or p.settings.exact,
-                                budget=TreeBudget(max_nodes=args.tree_nodes, adaptive=True)))
+    if run.system_prompt:
+        messages.insert(0, {"role": "system", "content": run.system_prompt})
+    sampled = SamplingParams(temperature=run.temperature, top_k=run.top_k, top_p=run.top_p,
+                             seed=flags.get("seed", 0))   # a one-shot is reproducible by default
+    base = options_from_flags(flags, Options(run.model, sampling=sampled, max_tokens=run.max_tokens))
+    options = settings_options(run, base)
+    if "draft" in flags:      # a draft given is used, whatever stages the settings keep
+        options = replace(options, use_draft=True)
+    return AskPlan(run, messages, options)
 
 
 def read_piped(stdin: TextIO) -> str | None:
@@ -125,16 +98,14 @@ def read_piped(stdin: TextIO) -> str | None:
 
 def cmd_ask(args: argparse.Namespace) -> int:
     from localspec.app.cli import write_flushed
-    from localspec.engine.config import SamplingParams
     from localspec.engine.decode import drain
+    from localspec.engine.session import Session
 
+    given(args)   # a bad value is refused before stdin is read
     p = plan(args, read_piped(sys.stdin))
-    s = p.settings
-    sampling = SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=args.seed)
-    session = open_session(p, args)
+    session = Session(resolved(p.options))
     try:
-        stream = session.generate(session.chat_prompt(p.messages), max_tokens=s.max_tokens,
-                                  sampling=sampling)
+        stream = session.generate(session.chat_prompt(p.messages))
         try:
             result = drain(stream, write_flushed)
             if not result.text.endswith("\n"):

@@ -26,23 +26,15 @@ from localspec.engine.config import (
     SamplingParams,
     TreeBudget,
 )
+from localspec.engine.build import new_engine
 from localspec.engine.decode import Engine, Generation, drain
-from localspec.engine.drafters.base import Drafter
-from localspec.engine.drafters.llama_draft import LlamaDraft
-from localspec.engine.drafters.maxgram import MaxGram
-from localspec.engine.drafters.ngram import PersonalNgram
+from localspec.engine.drafters import registry
 from localspec.engine.errors import LocalspecError
 from localspec.engine.llama_model import LlamaModel, default_threads, gpu_offload_supported
 from localspec.engine.native import TILED_MIN
 from localspec.engine.numerics import first_difference, top2_gap
-from localspec.engine.policy import make_policy
-from localspec.engine.session import (
-    EngineConfig,
-    Session,
-    draft_runs_in_torch,
-    with_head,
-    with_torch_draft,
-)
+from localspec.engine.options import Options
+from localspec.engine.session import Session, draft_runs_in_torch
 
 from .humaneval_check import pass_at_1
 from .workloads import Prompt
@@ -146,46 +138,36 @@ class ConfigResult:
 
 def _engines(target_session: Session, draft_model, store,
              names: Sequence[str], costs: Costs | None, head_costs: Costs | None = None,
-             skipped: dict[str, list[str]] | None = None) -> dict[str, Engine]:
+             skipped: dict[str, list[str]] | None = None, torch_draft: bool = False) -> dict[str, Engine]:
+    """One Engine per configuration over the shared target, its stages built by name through
+    the drafter registry; a configuration that needs a missing draft model, n-gram store or head
+    is skipped. `draft_model`: a LlamaModel (`torch_draft` False) or a TorchLM, shared by every
+    configuration's draft stage. `skipped` gets each skipped configuration's missing stages."""
     gpu = target_session.model.n_gpu_layers != 0
     # a GGUF draft on a GPU keeps one batch shape unless a change of shape is cheap there
-    draft_stable = gpu and not (costs is not None and costs.cheap_switch)
-    """One Engine per configuration over the shared target; a configuration that needs a missing
-    draft model or n-gram store is skipped. `draft_model`: a LlamaModel (GGUF draft in llama.cpp)
-    or a TorchLM (the PyTorch draft), shared by every configuration's draft stage. `skipped`
-    gets each skipped configuration's missing stages."""
+    draft_stable = (gpu and not torch_draft and draft_model is not None and draft_model.n_gpu_layers != 0
+                    and not (costs is not None and costs.cheap_switch))
     engines = {}
     for name in names:
         cfg = config(name)
-        stages: list[Drafter] = []
-        missing = []
-        for stage in cfg.stages:
-            before = len(stages)
-            if stage == "maxgram":
-                stages.append(MaxGram())
-            elif stage == "ngram" and store is not None:
-                stages.append(PersonalNgram(store))
-            elif stage == "draft" and isinstance(draft_model, LlamaModel):
-                stages.append(LlamaDraft(draft_model, cfg.draft_limits,
-                                         stable_shapes=draft_stable and draft_model.n_gpu_layers != 0))
-            elif stage == "draft" and draft_model is not None:
-                from localspec.engine.drafters.torch_draft import TorchDraft
-                stages.append(TorchDraft(draft_model, cfg.draft_limits))
-            elif stage == "head" and target_session.head is not None:
-                from localspec.engine.drafters.head import HeadDrafter
-                stages.append(HeadDrafter(target_session.head, target_session.engine.target,
-                                          cfg.draft_limits))
-            if len(stages) == before:
-                missing.append(stage)
+        limits = cfg.draft_limits
+        parts = registry.Parts(target_session.engine.target,
+                               gguf_draft=None if torch_draft else draft_model,
+                               torch_lm=draft_model if torch_draft else None,
+                               head=target_session.head, store=store, draft_limits=limits,
+                               head_limits=limits, draft_stable=draft_stable)
+        stages = ["torch-draft" if s == "draft" and torch_draft else s for s in cfg.stages]
+        missing = [s for s, kind in zip(cfg.stages, stages) if not parts.has(kind)]
         if missing:
             if skipped is not None:
                 skipped[name] = missing
             continue
         own = head_costs if "head" in cfg.stages else costs
-        policy = make_policy(cfg.budget, stages, own if cfg.budget.adaptive else None, offloaded=gpu)
-        engines[name] = Engine(target_session.engine.target, stages, policy)
-        if policy.bandit is not None:
-            policy.bandit.trace = []
+        engine = engines[name] = new_engine(target_session.engine.target,
+                                            [registry.make(s, parts) for s in stages], cfg.budget,
+                                            own if cfg.budget.adaptive else None, gpu)
+        if engine.policy.bandit is not None:
+            engine.policy.bandit.trace = []
     return engines
 
 
@@ -206,13 +188,15 @@ def run_bench(target: Path, draft: Path | None, prompts: Sequence[Prompt], names
     numerics (plain too), where greedy configurations must match plain token for token."""
     max_nodes = max(config(n).budget.max_nodes for n in names)
     uses_head = head is not None and any("head" in config(n).stages for n in names)
-    session = Session(EngineConfig(target, speculation=True, maxgram=False, n_ctx=n_ctx, exact=exact,
-                                   n_gpu_layers=0 if exact else -1,   # exact numerics run on the CPU
-                                   head=head if uses_head else None,
-                                   budget=TreeBudget(max_nodes=max_nodes)))
+    # the shared target (and head): its own stages are none, bench builds each configuration's
+    session = Session(Options(target, speculation=True, maxgram=False, personal=False, n_ctx=n_ctx,
+                              exact=exact, n_gpu_layers=0 if exact else -1,   # exact: CPU only
+                              head=head if uses_head else None, calibrate=False,
+                              budget=TreeBudget(max_nodes=max_nodes)))
     draft_model = None
+    in_torch = draft_runs_in_torch(draft, torch_draft)
     try:
-        if draft_runs_in_torch(draft, torch_draft):
+        if in_torch:
             from localspec.engine.torch_lm import TorchLM
             draft_model = TorchLM.load(draft, max_len=n_ctx)
         elif draft is not None:
@@ -220,15 +204,21 @@ def run_bench(target: Path, draft: Path | None, prompts: Sequence[Prompt], names
             draft_model = LlamaModel(draft, n_ctx=n_ctx, n_seq_max=max_nodes + 1, n_pad_seqs=pad_seqs)
         costs = None
         if any(config(n).budget.adaptive for n in names) or session.model.n_gpu_layers != 0:
-            gguf = draft_model if isinstance(draft_model, LlamaModel) else None
+            gguf = None if in_torch else draft_model
             costs = calibrate(session.model, gguf, max_nodes)
-            head_costs = with_head(costs, session.head) if session.head is not None else None
-            if draft_model is not None and gguf is None:
-                costs = with_torch_draft(costs, draft_model, draft)
+            if session.head is not None:
+                from localspec.engine.drafters.head import head_costs as measure_head
+                head_costs = measure_head(costs, session.head)
+            else:
+                head_costs = None
+            if in_torch:
+                from localspec.engine.drafters.torch_draft import torch_draft_costs
+                costs = torch_draft_costs(costs, draft_model, draft)
         else:
             head_costs = None
         skipped: dict[str, list[str]] = {}
-        engines = _engines(session, draft_model, store, names, costs, head_costs, skipped)
+        engines = _engines(session, draft_model, store, names, costs, head_costs, skipped,
+                           torch_draft=in_torch)
         for name, missing in skipped.items():
             progress(f"skipped {name}: it needs {' and '.join(_STAGE_OPTION[s] for s in missing)}")
         results = {name: ConfigResult(name) for name in engines}
@@ -250,7 +240,7 @@ def run_bench(target: Path, draft: Path | None, prompts: Sequence[Prompt], names
         report = _report(results, target, draft, len(prompts), max_tokens, sampling,
                          time.time() - started, session.model)
         if draft_model is not None:
-            report["draft_runtime"] = ("llama.cpp" if isinstance(draft_model, LlamaModel) else
+            report["draft_runtime"] = ("llama.cpp" if not in_torch else
                                        f"pytorch {draft_model.device.type} {str(draft_model.dtype)[6:]}"
                                        + (" cuda-graphs" if draft_model.static_shapes
                                           and draft_model.device.type == "cuda" else ""))

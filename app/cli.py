@@ -35,7 +35,7 @@ def _version() -> str:
 def _add_generate(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("generate", help="generate text from a prompt (argument or stdin)")
     p.add_argument("prompt", nargs="?", help="the prompt; read from stdin when omitted")
-    _add_model_options(p)
+    _add_run_options(p)
     p.add_argument("--raw", action="store_true", help="plain completion, without the chat template")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--stats", action="store_true", help="print speculation statistics to stderr")
@@ -43,72 +43,41 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=cmd_generate)
 
 
-EXACT_HELP = ("batch-invariant numerics (CPU only, slower): greedy speculation emits exactly "
-              "plain decoding's tokens, bit for bit")
+def _add_run_options(p: argparse.ArgumentParser, model_required: bool = True) -> None:
+    from .run_options import add_engine_options, add_model_options, add_sampling_options
+
+    add_model_options(p, model_required)
+    add_engine_options(p)
+    add_sampling_options(p)
 
 
-def _add_model_options(p: argparse.ArgumentParser, model_required: bool = True) -> None:
-    from localspec.engine.config import DEFAULT_TREE_NODES
+def run_options(args: argparse.Namespace):
+    """This run's Options: the flags given over the defaults, the model names resolved to paths."""
+    from localspec.engine.options import Options
 
-    p.add_argument("--model", required=model_required,
-                   help="target model: a .gguf file or an installed model's name (localspec list)")
-    p.add_argument("--draft", help="draft model: a .gguf file (llama.cpp) or a transformers folder (PyTorch)")
-    p.add_argument("--head", help="a draft head trained for this target (localspec head train): drafts "
-                                  "from the target's own hidden states, in the draft model's place")
-    p.add_argument("--no-speculation", action="store_true", help="plain decoding, one token per target call")
-    p.add_argument("--max-tokens", type=int, default=256)
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--top-p", type=float, default=0.95, help="nucleus filter when sampling (llama.cpp default 0.95)")
-    p.add_argument("--top-k", type=int, default=40, help="top-k filter when sampling (llama.cpp default 40; 0 = off)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--ctx", type=int, default=4096, help="context size in tokens")
-    p.add_argument("--tree-nodes", type=int, default=DEFAULT_TREE_NODES, help="largest draft tree per round")
-    p.add_argument("--fixed-budget", action="store_true",
-                   help="always draft --tree-nodes nodes (default: pick 0..N per round by measured speed)")
-    p.add_argument("--gpu-layers", type=int, default=-1, help="layers to offload to the GPU (-1 all)")
-    p.add_argument("--no-personal", action="store_true",
-                   help="do not use the personal n-gram drafter built from your chats")
-    p.add_argument("--exact", action="store_true", help=EXACT_HELP)
+    from .run_options import given, options_from_flags, resolved
+
+    return resolved(options_from_flags(given(args), Options(args.model)))
 
 
-def _sampling(args: argparse.Namespace):
-    from localspec.engine.config import SamplingParams
-    from localspec.engine.errors import LocalspecError
+def _open_session(options):
+    from localspec.engine.session import Session
 
-    if args.max_tokens < 1:
-        raise LocalspecError("Bad --max-tokens", f"{args.max_tokens}", "Use a positive number")
-    try:
-        return SamplingParams(temperature=args.temperature, top_k=args.top_k,
-                              top_p=args.top_p, seed=args.seed)
-    except ValueError as err:
-        raise LocalspecError("Bad sampling option", str(err),
-                             "Use --temperature >= 0, 0 < --top-p <= 1, --top-k >= 0") from None
-
-
-def _open_session(args: argparse.Namespace):
-    from localspec.engine.config import TreeBudget
-    from localspec.engine.session import EngineConfig, Session
-
-    from .paths import head_path, resolve_models
-
-    model, draft = resolve_models(args.model, args.draft)
-    return Session(EngineConfig(model=model, draft=draft, head=head_path(args.head),
-                                speculation=not args.no_speculation, n_ctx=args.ctx,
-                                personal=not args.no_personal,
-                                n_gpu_layers=args.gpu_layers, exact=args.exact,
-                                budget=TreeBudget(max_nodes=args.tree_nodes,
-                                                  adaptive=not args.fixed_budget)))
+    return Session(options)
 
 
 def _add_chat(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("chat", help="chat with the model: the Textual chat screen (--line: line mode)")
-    _add_model_options(p, model_required=False)
+    _add_run_options(p, model_required=False)
     p.add_argument("--line", action="store_true",
                    help="line-mode chat on stdin/stdout instead of the chat screen (needs --model)")
     p.set_defaults(run=cmd_chat)
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
+    from .run_options import given
+
+    given(args)   # a bad value is refused before the history, the screen or the engine opens
     if not args.line:
         from localspec.app.tui.launch import run_chat
 
@@ -119,10 +88,10 @@ def cmd_chat(args: argparse.Namespace) -> int:
     if not args.model:
         raise LocalspecError("No model for line-mode chat", "--line needs --model",
                              "Run: localspec chat --line --model NAME|FILE.gguf")
-    sampling = _sampling(args)
-    session = _open_session(args)
+    options = run_options(args)
+    session = _open_session(options)
     try:
-        chat_loop(session, sampling, args.max_tokens)
+        chat_loop(session, options.sampling, options.max_tokens)
     finally:
         session.close()
     return 0
@@ -138,13 +107,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from localspec.engine import native  # noqa: F401  (first: llama.cpp before numpy, engine/native.py)
     from localspec.engine.decode import drain
 
-    sampling = _sampling(args)
-    session = _open_session(args)
+    options = run_options(args)
+    session = _open_session(options)
     try:
         tokens = (session.raw_prompt(prompt) if args.raw
                   else session.chat_prompt([{"role": "user", "content": prompt}]))
-        stream = session.generate(tokens, max_tokens=args.max_tokens, sampling=sampling,
-                                  stop=args.stop)
+        stream = session.generate(tokens, stop=args.stop)
         result = drain(stream, None if args.json else write_flushed)
         if args.json:
             json.dump({"text": result.text, "tokens": result.tokens,
@@ -165,22 +133,18 @@ def write_flushed(piece: str) -> None:
 
 
 def _add_bench(sub: argparse._SubParsersAction) -> None:
+    from .run_options import add_model_options, add_sampling_options
+
     p = sub.add_parser("bench", help="run decoding configurations side by side and compare them")
-    p.add_argument("--model", required=True, help="target model: a .gguf file")
-    p.add_argument("--draft", help="draft model: a .gguf file")
+    add_model_options(p, model_help="target model: a .gguf file")
+    add_sampling_options(p)
     p.add_argument("--workload", default="humaneval", choices=["humaneval", "edit", "chat", "newcode"])
     p.add_argument("--limit", type=int, default=None, help="first N problems only")
-    p.add_argument("--max-tokens", type=int, default=256)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--top-p", type=float, default=0.95, help="nucleus filter when sampling (llama.cpp default 0.95)")
-    p.add_argument("--top-k", type=int, default=40, help="top-k filter when sampling (llama.cpp default 40; 0 = off)")
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--configs", default=None,
                    help="comma-separated (default: all but the head's, and with --head those too): "
                         "plain,maxgram,ngram,draft-linear,draft-tree,staged,adaptive, "
                         "head, adaptive-head (with --head), adaptive-N (the adaptive budget with trees of at most N nodes), "
                         "adaptive-copyN (its GPU Max-Gram arm with chains of N nodes)")
-    p.add_argument("--ctx", type=int, default=4096)
     p.add_argument("--learn", action="append", default=[], metavar="PATH",
                    help="build the n-gram stage from these files or folders (their *.py, *.md, *.txt) "
                         "in a scratch store for this run; default: your personal store")
@@ -191,9 +155,6 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--torch-draft", action="store_true",
                    help="run the draft in PyTorch (CUDA graphs on a GPU); a .gguf draft is dequantised "
                         "(needs the gguf package), a transformers folder always runs in PyTorch")
-    p.add_argument("--head", help="a draft head trained for the target (`localspec head train`): "
-                                  "the head and adaptive-head configurations")
-    p.add_argument("--exact", action="store_true", help=EXACT_HELP + " (plain runs exact too)")
     p.add_argument("--out", default="bench-out", help="folder for bench.json and bench.png")
     p.set_defaults(run=cmd_bench)
 
@@ -201,7 +162,7 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
 def cmd_bench(args: argparse.Namespace) -> int:
     from localspec.app import bench, workloads
     from localspec.engine.errors import LocalspecError
-    from localspec.engine.session import EngineConfig, Session, draft_runs_in_torch
+    from localspec.engine.session import Session, draft_runs_in_torch
 
     from .paths import model_path
 
@@ -221,11 +182,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
                              "Add head and/or adaptive-head to --configs, or leave --configs out")
     if "plain" not in names:
         names.insert(0, "plain")   # the baseline every speed-up and 'identical' refers to
-    sampling = _sampling(args)
+    from localspec.engine.options import Options
+
+    from .run_options import given, options_from_flags
+
+    options = options_from_flags(given(args), Options(args.model))   # plain runs exact too
     model = model_path(args.model, "Model")
     draft = model_path(args.draft, "Draft model") if args.draft else None
     draft_runs_in_torch(draft, args.torch_draft)
-    probe = Session(EngineConfig(model, speculation=False, n_ctx=args.ctx))
+    probe = Session(Options(model, speculation=False, n_ctx=options.n_ctx))
     scratch = tempfile.TemporaryDirectory(prefix="localspec-bench-") if args.learn else None
     try:
         prompts = workloads.build(args.workload, args.limit, probe.raw_prompt, probe.chat_prompt)
@@ -234,10 +199,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     finally:
         probe.close()
     try:
-        report = bench.run_bench(model, draft, prompts, names, args.max_tokens, sampling, args.ctx,
+        report = bench.run_bench(model, draft, prompts, names, options.max_tokens, options.sampling,
+                                 options.n_ctx,
                                  store=store, check=not args.no_exec, torch_draft=args.torch_draft,
                                  head=Path(args.head).expanduser() if args.head else None,
-                                 exact=args.exact,
+                                 exact=options.exact,
                                  progress=lambda line: print(line, file=sys.stderr, flush=True))
     finally:
         store.close()
@@ -256,36 +222,35 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def _add_calibrate(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("calibrate", help="measure what batches cost on this machine (cached; the "
                                          "adaptive budget uses it)")
-    _add_model_options(p)
+    _add_run_options(p)
     p.add_argument("--refresh", action="store_true", help="measure again even if cached")
     p.set_defaults(run=cmd_calibrate)
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
+    from localspec.engine.build import check_head_path, load_head
     from localspec.engine.calibrate import calibrate
     from localspec.engine.config import HEAD_LIMITS, DraftLimits, TreeBudget
     from localspec.engine.llama_model import LlamaModel
     from localspec.engine.native import TILED_MIN
 
-    from .paths import head_path, resolve_models
-
-    model, draft = resolve_models(args.model, args.draft)
-    head_file = head_path(args.head)
+    options = run_options(args)
+    model, draft, head_file = options.model, options.draft, options.head
+    nodes = options.budget.max_nodes
     if head_file is not None:
-        from localspec.engine.session import check_head_path
         check_head_path(head_file)
         from localspec.engine import torch_lm  # noqa: F401  (torch before llama.cpp)
         draft = None                             # the head takes the draft model's place
-    target = LlamaModel(model, n_ctx=args.ctx, n_seq_max=2, n_gpu_layers=args.gpu_layers,
-                        exact=args.exact)
+    target = LlamaModel(model, n_ctx=options.n_ctx, n_seq_max=2, n_gpu_layers=options.n_gpu_layers,
+                        exact=options.exact)
     drafter = None
     try:
         if draft is not None and draft.suffix == ".gguf":
-            drafter = LlamaModel(draft, n_ctx=args.ctx, n_seq_max=2, n_gpu_layers=args.gpu_layers)
-        costs = calibrate(target, drafter, args.tree_nodes, refresh=args.refresh)
+            drafter = LlamaModel(draft, n_ctx=options.n_ctx, n_seq_max=2, n_gpu_layers=options.n_gpu_layers)
+        costs = calibrate(target, drafter, nodes, refresh=args.refresh)
         if head_file is not None:
-            from localspec.engine.session import load_head, with_head
-            costs = with_head(costs, load_head(head_file, target))
+            from localspec.engine.drafters.head import head_costs
+            costs = head_costs(costs, load_head(head_file, target))
             draft = head_file
     finally:
         target.close()
@@ -297,9 +262,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if costs.switch:
         print(f"changing the batch shape and back (CUDA graphs rebuilt): {1e3 * costs.switch:.2f} ms")
     floor = os.environ.get(TILED_MIN)
-    if target.n_gpu_layers == 0 and floor is not None and not args.exact:
+    if target.n_gpu_layers == 0 and floor is not None and not options.exact:
         print(f"ggml's tiled matmul from {floor} batch rows (measured: fewer rows go row by row)")
-    arms = TreeBudget(max_nodes=args.tree_nodes, adaptive=True).arms(
+    arms = TreeBudget(max_nodes=nodes, adaptive=True).arms(
         with_models=draft is not None, pruned=True, plain=target.n_gpu_layers == 0)
     # what generate and chat draft with: the engine judges by the same
     limits = HEAD_LIMITS if head_file is not None else DraftLimits()

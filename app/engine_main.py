@@ -22,12 +22,13 @@ import time
 from typing import IO
 
 from localspec.engine.native import gpu_name  # first: llama.cpp before numpy/torch (engine/native.py)
-from localspec.engine.config import SamplingParams, TreeBudget
+from localspec.engine.config import SamplingParams
 from localspec.engine.errors import LocalspecError
-from localspec.engine.session import EngineConfig, Session
+from localspec.engine.options import Options, check_values, sampling_of
+from localspec.engine.session import Session
 
-from .engine_proc import Done, EngineSpec, Error, Ready, Token, encode_event
-from .paths import head_path, resolve_models
+from .engine_proc import Done, Error, Ready, Token, encode_event
+from .run_options import resolved
 
 
 class Inbox:
@@ -102,14 +103,8 @@ class Server:
 
     def _parse(self, request: dict) -> tuple[list[int], SamplingParams, int]:
         max_tokens = request["max_tokens"]
-        if not isinstance(max_tokens, int) or max_tokens < 1:
-            raise LocalspecError("Bad max_tokens", repr(max_tokens), "Use a positive number")
-        try:
-            sampling = SamplingParams(temperature=request["temperature"], top_k=request["top_k"],
-                                      top_p=request["top_p"], seed=request["seed"])
-        except ValueError as err:
-            raise LocalspecError("Bad sampling option", str(err),
-                                 "Use temperature >= 0, 0 < top_p <= 1, top_k >= 0") from None
+        check_values({"max_tokens": max_tokens})
+        sampling = sampling_of(request["temperature"], request["top_p"], request["top_k"], request["seed"])
         if "prompt" in request:
             if not request["prompt"]:
                 raise LocalspecError("Empty prompt", "the prompt is empty", "Pass some text")
@@ -199,15 +194,8 @@ def _check_messages(messages: object) -> list[dict]:
     return [{"role": m["role"], "content": m["content"]} for m in messages]
 
 
-def open_session(spec: EngineSpec) -> Session:
-    model, draft = resolve_models(spec.model, spec.draft)
-    return Session(EngineConfig(model=model, draft=draft if spec.use_draft else None,
-                                head=head_path(spec.head),
-                                speculation=spec.speculation,
-                                personal=spec.personal, n_ctx=spec.n_ctx,
-                                n_gpu_layers=spec.n_gpu_layers, n_threads=spec.n_threads,
-                                exact=spec.exact,
-                                budget=TreeBudget(max_nodes=spec.tree_nodes, adaptive=True)))
+def open_session(spec: Options) -> Session:
+    return Session(resolved(spec))
 
 
 def ready_event(session: Session) -> Ready:
@@ -243,7 +231,7 @@ def main() -> int:
     if first is None or first.get("op") != "open":
         return 0   # the parent went away (or closed) before opening an engine
     try:
-        session = open_session(EngineSpec(**first["spec"]))
+        session = open_session(Options.from_json(first["spec"]))
     except LocalspecError as err:
         out.write(encode_event(Error(None, err.title, err.cause, err.fix)) + "\n")
         out.flush()

@@ -29,24 +29,13 @@ import time
 from dataclasses import asdict, dataclass, field, fields
 from typing import IO, Iterator, Union
 
-from localspec.engine.config import DEFAULT_TREE_NODES
+from localspec.engine.options import Options
 
 
-@dataclass(frozen=True)
-class EngineSpec:
-    """What the engine process loads; restart() reuses it."""
-
-    model: str                  # .gguf path or installed model name (app/paths.resolve_models)
-    draft: str | None = None
-    n_ctx: int = 4096
-    n_gpu_layers: int = -1
-    speculation: bool = True
-    personal: bool = True       # personal n-gram drafter
-    tree_nodes: int = DEFAULT_TREE_NODES
-    n_threads: int | None = None
-    use_draft: bool = True      # False: no draft model, not even an installed model's own
-    head: str | None = None     # a draft head trained for the model (localspec head train)
-    exact: bool = False         # batch-invariant numerics (CPU): speculation emits plain decoding's tokens
+# What the engine process loads, and restart() reloads: engine/options.Options, sent as JSON.
+# model and draft as the user gave them (a path or an installed model's name: the child resolves
+# them, app/paths.resolve_models); use_draft False: no draft, not even an installed model's own.
+EngineSpec = Options
 
 
 # ---- events -------------------------------------------------------------------------------------
@@ -171,7 +160,7 @@ class EngineProcess:
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
                                 start_new_session=True, env=_child_env())
         child = _Child(proc, stderr)
-        child.outbox.put(json.dumps({"op": "open", "spec": asdict(self.spec)}))
+        child.outbox.put(json.dumps({"op": "open", "spec": self.spec.to_json()}))
         for line in self._deferred.values():   # run once the engine is up, in order
             child.outbox.put(line)
         self._deferred.clear()

@@ -13,15 +13,15 @@ Why it is shaped so:
 from __future__ import annotations
 
 import json
-import math
 import os
 import tempfile
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import platformdirs
 
 from localspec.engine.errors import LocalspecError
+from localspec.engine.options import problems as option_problems
 
 FILE_NAME = "settings.json"
 STAGES = ("personal", "draft")   # optional speculation stages (Max-Gram always runs with speculation)
@@ -43,18 +43,11 @@ class Settings:
     exact: bool = False                # exact numerics (CPU): speculation emits plain decoding's tokens
 
     def __post_init__(self) -> None:
-        problems = []
-        if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)
-                and self.temperature >= 0):
-            problems.append(f"temperature {self.temperature!r} (want >= 0)")
-        if not (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1):
-            problems.append(f"top_p {self.top_p!r} (want 0 < top_p <= 1)")
-        if not (isinstance(self.top_k, int) and self.top_k >= 0):
-            problems.append(f"top_k {self.top_k!r} (want an integer >= 0)")
-        if not (isinstance(self.max_tokens, int) and self.max_tokens >= 1):
-            problems.append(f"max_tokens {self.max_tokens!r} (want an integer >= 1)")
-        if self.seed is not None and not (isinstance(self.seed, int) and self.seed >= 0):
-            problems.append(f"seed {self.seed!r} (want an integer >= 0, or null)")
+        # the same rules as the command line's flags (engine/options.py); seed null: a new
+        # seed for every reply
+        problems = option_problems({"temperature": self.temperature, "top_p": self.top_p,
+                                    "top_k": self.top_k, "max_tokens": self.max_tokens,
+                                    **({"seed": self.seed} if self.seed is not None else {})})
         unknown = [s for s in self.stages if s not in STAGES]
         if unknown:
             problems.append(f"stages {unknown} (known: {', '.join(STAGES)})")
@@ -82,9 +75,6 @@ class Settings:
             if name in values and not isinstance(values[name], bool):
                 raise ValueError(f"{name} {values[name]!r} (want true or false)")
         return cls(**values)
-
-    def with_overrides(self, **changes) -> Settings:
-        return replace(self, **{k: v for k, v in changes.items() if v is not None})
 
 
 def config_dir() -> Path:

@@ -60,7 +60,7 @@ class Engine:
         that stays in place when accepted (False: proposal order, whose accepted rows behind a
         rejected one are decoded again)."""
         for d in stages:
-            vocab = getattr(d, "vocab_size", None)
+            vocab = d.vocab_size
             if vocab is not None and vocab != target.vocab_size:
                 raise vocab_mismatch(d.name, vocab, target.model.path.name, target.vocab_size)
         self.target = target
@@ -166,8 +166,7 @@ class Engine:
             if d.uses_model:
                 d.propose(tree, stage, budget, sampling, rng)
             elif self.policy.runs(stage):
-                if hasattr(d, "catch_up"):
-                    d.catch_up()
+                d.catch_up()
                 t = time.perf_counter()
                 d.propose(tree, stage, budget, sampling, rng)
                 self.policy.ran(stage, time.perf_counter() - t)

@@ -284,7 +284,7 @@ def make_policy(budget: TreeBudget, stages: Sequence[Drafter], costs: Costs | No
         return FixedPolicy(arms[0], stages)
     dropped: tuple[Arm, ...] = ()
     if costs is not None and len(arms) > 1:
-        limits = next((d.limits for d in stages if d.uses_model and hasattr(d, "limits")), None)
+        limits = next((d.limits for d in stages if d.uses_model), None)
         viable = costs.viable(arms, limits.width if limits else 4, limits.max_depth if limits else 8)
         # the free drafters' arm stands in for plain decoding (pruned rounds can be plain steps)
         kept = tuple(a for a in arms if a in viable or not a.models)

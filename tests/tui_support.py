@@ -10,9 +10,10 @@ from localspec.app.engine_proc import Crashed, Done, EngineProcess, EngineSpec, 
 from localspec.app.history import History
 from localspec.app.settings import Settings
 from localspec.app.tui.app import ChatApp
+from localspec.engine.config import TreeBudget
 
 # Test-sized engine: one thread, a small context, small trees.
-SPEC = EngineSpec(model="", n_ctx=1024, n_threads=1, tree_nodes=8)
+SPEC = EngineSpec(model="", n_ctx=1024, n_threads=1, budget=TreeBudget(max_nodes=8, adaptive=True))
 
 
 async def wait_until(pilot, condition, timeout: float = 60.0, what: str = "") -> None:

@@ -22,7 +22,8 @@ from textual.app import App
 
 from localspec.app.engine_proc import EngineProcess, EngineSpec, Error
 from localspec.app.history import History
-from localspec.app.settings import STAGES, Settings, save_settings
+from localspec.app.run_options import edited, over, settings_options, spec_flags
+from localspec.app.settings import Settings, save_settings
 from localspec.engine.errors import LocalspecError
 
 from .chat import ChatScreen
@@ -59,27 +60,20 @@ class ChatApp(App):
                  engine_factory: EngineFactory = EngineProcess,
                  engine_spec: EngineSpec | None = None,
                  settings_file: Path | None = None,
-                 notice: LocalspecError | None = None) -> None:
+                 notice: LocalspecError | None = None,
+                 run_flags: dict[str, object] | None = None) -> None:
         """engine_spec: the options the settings do not hold (context size, GPU layers, threads);
         its model, draft, speculation/personal off and exact on are this run's flags (chat --model,
         --draft, --no-speculation, --no-personal, --exact), over the settings. A model given
-        (not "") brings its draft: the one given, or None (the model's own), not the saved one."""
+        (not "") brings its draft: the one given, or None (the model's own), not the saved one.
+        run_flags: the flags that stand over the settings for this run (app/run_options
+        settings_flags); None: those the spec implies (its models, exact, speculation, personal)."""
         super().__init__()
         self.settings, self.history = settings, history
         self.engine_factory, self.settings_file = engine_factory, settings_file
-        self.base_spec = base = engine_spec or EngineSpec(model="")
-        # this run's flags over the saved settings, by setting (never saved): chat --model/--draft,
-        # --exact, --no-speculation, --no-personal; a field the user changes in the settings
-        # drops its entry (the run follows the choice)
-        self.run_flags: dict[str, object] = (
-            {"model": base.model, "draft": base.draft} if base.model
-            else {"draft": base.draft} if base.draft else {})
-        if base.exact:
-            self.run_flags["exact"] = True
-        if not base.speculation:
-            self.run_flags["speculation"] = False
-        if not base.personal:
-            self.run_flags["personal"] = False
+        self.base_spec = engine_spec or EngineSpec(model="")
+        # this run's flags over the saved settings (app/run_options.py holds the rule)
+        self.run_flags = dict(run_flags) if run_flags is not None else spec_flags(self.base_spec)
         # a --head was trained for the model chat started with
         self.head_model = self.run_settings(settings).model
         self.startup_notice = notice
@@ -122,17 +116,12 @@ class ChatApp(App):
 
     def run_settings(self, s: Settings) -> Settings:
         """S with this run's flags over them."""
-        for name, value in self.run_flags.items():
-            s = _with_field(s, name, value)
-        return s
+        return over(s, self.run_flags)
 
     def spec_for(self, s: Settings) -> EngineSpec:
         run = self.run_settings(s)
-        return replace(self.base_spec, model=run.model or "", draft=run.draft,
-                       use_draft="draft" in run.stages, speculation=run.speculation,
-                       personal="personal" in run.stages,
-                       head=self.base_spec.head if run.model == self.head_model else None,
-                       exact=run.exact)
+        return replace(settings_options(run, self.base_spec),
+                       head=self.base_spec.head if run.model == self.head_model else None)
 
     def start_engine(self) -> None:
         self.stop_engine()
@@ -190,11 +179,7 @@ class ChatApp(App):
             if new is None:
                 return
             before = self.spec_for(self.settings)
-            for name in list(self.run_flags):
-                if _field(new, name) == _field(shown, name):
-                    new = _with_field(new, name, _field(self.settings, name))
-                else:
-                    del self.run_flags[name]
+            new, self.run_flags = edited(self.settings, self.run_flags, new)
             self.settings = new
             self.save()
             if self.chat is None:
@@ -214,16 +199,3 @@ class ChatApp(App):
             save_settings(self.settings, self.settings_file)
         except OSError as err:
             self.notify(f"Settings not saved: {err}", severity="error")
-
-
-
-def _field(s: Settings, name: str) -> object:
-    """A setting a run flag stands over; "personal": whether that stage is on."""
-    return "personal" in s.stages if name == "personal" else getattr(s, name)
-
-
-def _with_field(s: Settings, name: str, value) -> Settings:
-    if name == "personal":
-        return replace(s, stages=tuple(x for x in STAGES
-                                       if (value if x == "personal" else x in s.stages)))
-    return replace(s, **{name: value})

@@ -251,7 +251,7 @@ class ChatScreen(Screen):
         await messages.mount(view)
         messages.scroll_end(animate=False)
         self.reply = Reply(f"r-{uuid.uuid4().hex[:12]}", conv.id, row.id, view)
-        s = self.app.settings
+        s = self.app.run_settings(self.app.settings)   # with this run's flags (chat --temperature, ...)
         seed = s.seed if s.seed is not None else secrets.randbelow(2**31)
         self.app.engine_call("generate", self.reply.request_id, chat, temperature=s.temperature,
                              top_p=s.top_p, top_k=s.top_k, seed=seed, max_tokens=s.max_tokens,

@@ -1,5 +1,6 @@
 """`localspec chat`: the saved settings, the history, the app; the flags (--model, --draft,
---no-speculation, --no-personal, --exact, ...) go to the engine spec, for this run."""
+--no-speculation, --no-personal, --exact, ...) go to the engine spec, for this run (the rule:
+app/run_options.py)."""
 from __future__ import annotations
 
 import argparse
@@ -7,6 +8,7 @@ from pathlib import Path
 
 from localspec.app.engine_proc import EngineProcess, EngineSpec
 from localspec.app.history import History
+from localspec.app.run_options import given, options_from_flags, settings_flags
 from localspec.app.settings import load_settings_or_default
 
 
@@ -22,13 +24,10 @@ def chat_app(args: argparse.Namespace, history: History, *, settings_file: Path 
     user's), the engine options from the flags."""
     from .app import ChatApp
 
+    flags = given(args)      # a bad value: LocalspecError before the screen opens
     settings, notice = load_settings_or_default(settings_file)
-    # --model/--draft, --no-speculation, --no-personal and --exact shape this run's engine (a
-    # --model without --draft: that model's own draft, not the saved model's); the settings keep
-    # the saved values, so saving the settings screen does not store them (app.action_settings)
-    spec = EngineSpec(model=args.model or "", draft=args.draft, n_ctx=args.ctx,
-                      n_gpu_layers=args.gpu_layers,
-                      tree_nodes=args.tree_nodes, head=args.head, exact=args.exact,
-                      speculation=not args.no_speculation, personal=not args.no_personal)
+    # the flags shape this run's engine; over the saved settings they stand for this run only
+    # (app/run_options.py), so saving the settings screen does not store them
+    spec = options_from_flags(flags, EngineSpec(model=""))
     return ChatApp(settings, history, engine_factory=engine_factory, engine_spec=spec,
-                   settings_file=settings_file, notice=notice)
+                   settings_file=settings_file, notice=notice, run_flags=settings_flags(flags))

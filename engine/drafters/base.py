@@ -12,26 +12,41 @@ A drafter keeps its own view of the committed context (the prompt plus every acc
   without q (n-gram matching) adds deterministic children (``proposal=None``).
 - ``accept(tokens)``: ``tokens`` were committed after the previous root (accepted drafts plus the
   target's own token); the new root is ``tokens[-1]``. Drafters roll their state forward here,
-  or keep the tokens and roll forward in an optional ``catch_up()``, which the engine calls
-  before it times a propose (the personal n-gram stage, which sits out most rounds on a GPU).
+  or keep the tokens and roll forward in ``catch_up()``, which the engine calls before it times a
+  propose (the personal n-gram stage, which sits out most rounds on a GPU); for the others
+  ``catch_up`` does nothing.
+- ``cost_curve(costs)``: the measured costs with this drafter's own curve as the draft curve. A
+  GGUF draft's is measured by calibrate.py beside the target's, so it and the free drafters
+  return ``costs`` as they are; a PyTorch draft and a head time their own steps.
+- ``close()``: free what the drafter holds (a model it loaded itself).
 
-Stages are an ordered list of drafters; each gets the tree after the previous one has grown it.
-``uses_model`` tells a drafter that runs a neural model (whose rounds cost real time) from a free
-one (Max-Gram, n-grams): the adaptive budget may run the free ones alone.
+What the engine reads without calling: ``name`` (statistics, token sources); ``uses_model``, which
+tells a drafter that runs a neural model (whose rounds cost real time) from a free one (Max-Gram,
+n-grams), so the adaptive budget may run the free ones alone; ``vocab_size``, checked against the
+target's (None: the drafter proposes the target's own tokens); ``limits``, how it grows its part of
+the tree (a neural drafter's DraftLimits, whose width and depth the cost model reads).
+
+Stages are an ordered list of drafters, built by name through registry.py; each gets the tree
+after the previous one has grown it.
 """
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from typing import TYPE_CHECKING, Protocol, Sequence
 
 import numpy as np
 
 from ..config import SamplingParams
 from ..tree import DraftTree
 
+if TYPE_CHECKING:
+    from ..calibrate import Costs
+
 
 class Drafter(Protocol):
     name: str
     uses_model: bool
+    vocab_size: int | None
+    limits: object        # DraftLimits for a neural drafter; its own limits type for the free ones
 
     def begin(self, context: Sequence[int]) -> None: ...
 
@@ -39,5 +54,9 @@ class Drafter(Protocol):
                 rng: np.random.Generator) -> None: ...
 
     def accept(self, tokens: Sequence[int]) -> None: ...
+
+    def catch_up(self) -> None: ...
+
+    def cost_curve(self, costs: Costs) -> Costs: ...
 
     def close(self) -> None: ...

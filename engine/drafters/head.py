@@ -22,9 +22,11 @@ docs/decisions/0011).
 """
 from __future__ import annotations
 
+import hashlib
 import time
+from dataclasses import replace
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 import torch
@@ -39,6 +41,9 @@ from ..errors import LocalspecError
 from ..tree import DraftTree
 from .grow import GrowLimits, grow
 from .torch_draft import greedy_rows, process_rows
+
+if TYPE_CHECKING:
+    from ..calibrate import Costs
 
 _BUCKETS = (1, 2, 4, 8, 16, 32)   # rows a GPU step is padded to (one CUDA graph each)
 _EXTRA = 4096                     # embedding rows for tokens outside the draft vocabulary
@@ -212,6 +217,15 @@ class DraftHead:
         return best
 
 
+def head_costs(costs: Costs, head: DraftHead) -> Costs:
+    """`costs` with a draft head's step times, measured now, as the draft curve (learnt
+    estimates kept apart from the draft models')."""
+    st = head.path.stat()
+    tag = hashlib.sha256(f"{head.path.resolve()} {st.st_size} {st.st_mtime_ns}".encode()).hexdigest()[:8]
+    file = costs.file.with_name(f"{costs.file.stem}-head-{tag}.json") if costs.file else None
+    return replace(costs, draft=head.measure(), file=file)
+
+
 class HeadDrafter:
     """A `Drafter` (and `grow`'s `TreeEvaluator`) on a `DraftHead` and the target's hidden state.
 
@@ -234,8 +248,14 @@ class HeadDrafter:
     def accept(self, tokens: Sequence[int]) -> None:
         pass   # the state comes from the target each round
 
+    def catch_up(self) -> None:
+        pass   # the state comes from the target each round
+
+    def cost_curve(self, costs: Costs) -> Costs:
+        return head_costs(costs, self.head)
+
     def close(self) -> None:
-        pass
+        pass   # the DraftHead belongs to whoever loaded it (bench shares one)
 
     def propose(self, tree: DraftTree, stage: int, budget: int, sampling: SamplingParams,
                 rng: np.random.Generator) -> None:

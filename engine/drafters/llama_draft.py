@@ -19,7 +19,7 @@ sets `pad` to 0 and the draft's batches take whatever size they need.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
@@ -29,6 +29,9 @@ from ..errors import LocalspecError
 from ..llama_model import LlamaModel
 from ..tree import DraftTree
 from .grow import GrowLimits, grow
+
+if TYPE_CHECKING:
+    from ..calibrate import Costs
 
 
 
@@ -108,6 +111,12 @@ class LlamaDraft:
         else:
             self.rollback()
         self._context.extend(tokens)
+
+    def catch_up(self) -> None:
+        pass                  # accept rolls the draft's cache forward
+
+    def cost_curve(self, costs: Costs) -> Costs:
+        return costs          # calibrate.py measured this draft beside the target
 
     def close(self) -> None:
         self.model.close()

@@ -17,12 +17,15 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from ..config import SamplingParams
 from ..tree import DraftTree
+
+if TYPE_CHECKING:
+    from ..calibrate import Costs
 
 MATCH_CAP = 32                              # tokens compared backwards for a chain's hint
 _MATCH_EDGES = (3, 4, 6, 8, 12, 16, 32)     # match length -> hint 0..7
@@ -44,6 +47,7 @@ class MaxGramLimits:
 class MaxGram:
     name = "maxgram"
     uses_model = False
+    vocab_size = None     # it copies the context's own tokens
 
     def __init__(self, limits: MaxGramLimits = MaxGramLimits()) -> None:
         self.limits = limits
@@ -98,6 +102,12 @@ class MaxGram:
                     child = tree.add(node, tok, 0.0, stage, hint=hint)
                     budget -= 1
                 node = child
+
+    def catch_up(self) -> None:
+        pass                  # it learns each round's tokens in accept
+
+    def cost_curve(self, costs: Costs) -> Costs:
+        return costs          # free: no curve of its own
 
     def close(self) -> None:
         self._tokens, self._follow = [], {}

@@ -36,12 +36,15 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import TYPE_CHECKING, Protocol, Sequence
 
 import numpy as np
 
 from ..config import SamplingParams
 from ..tree import DraftTree, prob_hint
+
+if TYPE_CHECKING:
+    from ..calibrate import Costs
 
 
 class CountSource(Protocol):
@@ -109,6 +112,7 @@ class _Counts:
 class PersonalNgram:
     name = "personal-ngram"
     uses_model = False
+    vocab_size = None         # the store is keyed by the target's vocabulary (vocab_key)
 
     def __init__(self, store: CountSource | None = None,
                  limits: NgramLimits = NgramLimits()) -> None:
@@ -196,6 +200,9 @@ class PersonalNgram:
                 budget -= 1
             if tree.depth[child] < max_depth:
                 expand(child, -neg, (hist + (token,))[-keep:])
+
+    def cost_curve(self, costs: Costs) -> Costs:
+        return costs              # free: no curve of its own
 
     def close(self) -> None:
         self._stored, self._session, self._merged, self._tokens, self._pending = {}, {}, {}, [], []

@@ -12,9 +12,12 @@ only the small support crosses to numpy, mirroring `distribution.process` for th
 """
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -28,6 +31,9 @@ from ..errors import LocalspecError
 from ..torch_lm import TorchLM
 from ..tree import DraftTree
 from .grow import GrowLimits, grow
+
+if TYPE_CHECKING:
+    from ..calibrate import Costs
 
 # Committed tokens are fed in chunks of this many so a long prompt's attention scores stay small.
 _PREFILL_CHUNK = 512
@@ -76,6 +82,14 @@ def greedy_rows(logits: torch.Tensor, branching: int) -> list[Dist]:
     return [Dist(i, p) for i, p in zip(ids, probs)]
 
 
+def torch_draft_costs(costs: Costs, lm: TorchLM, path: Path | None) -> Costs:
+    """`costs` with the PyTorch draft's forward times, measured now, as the draft curve, and
+    learnt estimates kept apart from the GGUF draft's and the target's own."""
+    tag = hashlib.sha256(str(Path(path).resolve() if path else "").encode()).hexdigest()[:8]
+    file = costs.file.with_name(f"{costs.file.stem}-torch-{tag}.json") if costs.file else None
+    return replace(costs, draft=measure_forward(lm), file=file)
+
+
 def measure_forward(lm: TorchLM, sizes: Sequence[int] = (1, 2, 4, 8), reps: int = 5,
                     context: int = 64) -> dict[int, float]:
     """Seconds per forward of n tree rows after `context` cached tokens: the draft's cost curve
@@ -106,8 +120,10 @@ class TorchDraft:
     name = "torch-draft"
     uses_model = True
 
-    def __init__(self, lm: TorchLM, limits: DraftLimits = DraftLimits()) -> None:
-        self.lm, self.limits = lm, limits
+    def __init__(self, lm: TorchLM, limits: DraftLimits = DraftLimits(),
+                 source: Path | None = None) -> None:
+        """source: the path the draft came from; it keeps learnt estimates per draft."""
+        self.lm, self.limits, self.source = lm, limits, source
         self.vocab_size = lm.vocab_size
         self.context: list[int] = []   # every committed token; the last is the tree root
         self.n_cached = 0              # context[:n_cached] is in slots 0..n_cached-1
@@ -121,7 +137,7 @@ class TorchDraft:
              device: str | None = None, dtype: torch.dtype | None = None,
              static_shapes: bool | None = None) -> TorchDraft:
         return cls(TorchLM.load(path, max_len=max_len, device=device, dtype=dtype,
-                                static_shapes=static_shapes), limits)
+                                static_shapes=static_shapes), limits, Path(path))
 
     # -- Drafter -------------------------------------------------------------------------------
 
@@ -155,6 +171,12 @@ class TorchDraft:
         if len(tokens):
             self.context.extend(int(t) for t in tokens)  # cached at the next evaluate_root
             self._root_logits = None
+
+    def catch_up(self) -> None:
+        pass   # accepted tokens are cached at the next evaluate_root
+
+    def cost_curve(self, costs: Costs) -> Costs:
+        return torch_draft_costs(costs, self.lm, self.source)
 
     def close(self) -> None:
         self.lm.close()

@@ -74,4 +74,32 @@ def test_empty_prompt(tiny):
 
 def test_bad_sampling_option(tiny):
     assert_clean_error(run_cli("generate", "hi", "--model", str(tiny.target_gguf), "--top-p", "0"),
-                       "top_p")
+                       "--top-p", "0 < top-p <= 1")
+
+
+@pytest.mark.parametrize("flags, needles", [
+    (("--temperature", "nan"), ("--temperature nan", "finite number >= 0")),
+    (("--tree-nodes", "0"), ("--tree-nodes 0", "from 1 to 64")),
+    (("--tree-nodes", "100000"), ("--tree-nodes 100000", "from 1 to 64")),
+    (("--ctx", "-1"), ("--ctx -1", ">= 128")),
+    (("--seed", "-1", "--temperature", "0.7"), ("--seed -1", "integer >= 0")),
+    (("--top-k", "-1"), ("--top-k -1", "integer >= 0")),
+    (("--max-tokens", "0"), ("--max-tokens 0", "integer >= 1")),
+])
+def test_bad_option_values_name_the_flag_and_the_range(tiny, flags, needles):
+    proc = run_cli("generate", "hi", "--model", str(tiny.target_gguf), *flags)
+    assert_clean_error(proc, *needles)
+    assert "Lower --ctx" not in proc.stderr
+
+
+def test_every_command_refuses_a_bad_value_in_the_same_words(tiny, tmp_path):
+    model = str(tiny.target_gguf)
+    runs = {"generate": ("generate", "hi"), "ask": ("ask", "hi"), "chat": ("chat",),
+            "chat --line": ("chat", "--line"), "bench": ("bench", "--out", str(tmp_path / "b")),
+            "calibrate": ("calibrate",)}
+    errors = {}
+    for name, argv in runs.items():
+        proc = run_cli(*argv, "--model", model, "--temperature", "nan", stdin="")
+        assert_clean_error(proc, "--temperature nan")
+        errors[name] = proc.stderr
+    assert len(set(errors.values())) == 1, errors

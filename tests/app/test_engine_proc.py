@@ -81,7 +81,8 @@ def test_streams_equal_the_in_process_engine(engine, tiny, expected):
 
     engine.generate("bad", CHAT, temperature=-1.0)        # a bad request: an Error, engine lives on
     (error,) = wait_for(engine, (Error,), timeout=60)
-    assert error.request_id == "bad" and error.title == "Bad sampling option" and engine.alive
+    assert error.request_id == "bad" and error.title == "Bad option value" and engine.alive
+    assert "--temperature" in error.cause
 
 
 def test_stop_ends_a_reply_quickly_and_keeps_the_engine_consistent(engine, expected):

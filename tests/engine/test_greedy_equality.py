@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from localspec.engine import session as session_module
+from localspec.engine import build as build_module
 from localspec.engine.budget import AdaptiveBudget
 from localspec.engine.calibrate import Costs
 from localspec.engine.config import TreeBudget
@@ -71,7 +71,7 @@ def test_speculative_greedy_equals_plain(tiny, plain, name, tmp_path, monkeypatc
         # by which pruning may keep nothing: a flat, GPU-like curve, so the rounds speculate
         flat = Costs({1: 1e-3, 2: 1.05e-3, 4: 1.1e-3, 8: 1.2e-3, 16: 1.4e-3, 32: 1.8e-3},
                      {1: 1e-4, 2: 1.1e-4, 4: 1.2e-4, 8: 1.3e-4})
-        monkeypatch.setattr(session_module, "calibrate", lambda *a, **k: flat)
+        monkeypatch.setattr(build_module, "calibrate", lambda *a, **k: flat)
     draft = {"gguf": tiny.draft_gguf, "torch": tiny.draft_torch}.get(draft_kind)
     head = request.getfixturevalue("tiny_head") if draft_kind == "head" else None
     session = Session(EngineConfig(tiny.target_gguf, draft=draft, head=head, maxgram=maxgram, n_ctx=512,
@@ -106,7 +106,7 @@ def test_speculative_greedy_equals_plain(tiny, plain, name, tmp_path, monkeypatc
 
 def test_observer_sees_every_emitted_token_with_its_source(tiny, plain):
     session = Session(EngineConfig(tiny.target_gguf, draft=tiny.draft_gguf, n_ctx=512, n_threads=1,
-                                   budget=TreeBudget(max_nodes=8)))
+                                   personal=False, budget=TreeBudget(max_nodes=8)))
     plain_session, outputs = plain
     seen_tokens, seen_sources = [], []
     try:

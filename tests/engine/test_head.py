@@ -12,6 +12,7 @@ import sys
 import numpy as np
 import pytest
 
+from localspec.engine.config import TreeBudget
 from localspec.engine.drafters.head import DraftHead, target_tables
 from localspec.engine.errors import LocalspecError
 from localspec.engine.llama_model import LlamaModel
@@ -121,7 +122,8 @@ def test_a_head_for_another_target_or_a_broken_file_is_refused(tiny, tiny_head, 
 
 def test_one_token_prompt_drafts_nothing_then_drafts(tiny, tiny_head):
     """No hidden state before the root on a one-token prompt: the head sits the first round out."""
-    session = Session(EngineConfig(tiny.target_gguf, head=tiny_head, maxgram=False, n_ctx=256, n_threads=1))
+    session = Session(EngineConfig(tiny.target_gguf, head=tiny_head, maxgram=False, personal=False,
+                                   n_ctx=256, n_threads=1, budget=TreeBudget(max_nodes=16)))
     try:
         plain = Session(EngineConfig(tiny.target_gguf, speculation=False, n_ctx=256, n_threads=1))
         prompt = session.raw_prompt("def")[:1]
