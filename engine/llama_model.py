@@ -24,13 +24,13 @@ import numpy as np
 from localspec.models.gguf_file import GGUFInfo, read_gguf
 
 from .errors import LocalspecError
+from .options import MAX_CTX
 
 EXACT_FIX = ("Run exact numerics on the CPU (--gpu-layers 0), or leave out --exact (in the chat: "
              "switch off Exact numerics in the settings)")
 
 EXACT_MAX_ROWS = 63   # ggml's CPU flash attention sums each row alone below its 64-row tile
 MAX_SEQUENCES = 256   # llama.cpp's LLAMA_MAX_SEQ: more sequence ids and it refuses the context
-MAX_CTX = (1 << 31) - 1   # llama.cpp keeps positions and sizes in 32-bit integers
 
 
 def exact_in_process() -> bool:

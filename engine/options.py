@@ -28,9 +28,9 @@ from .errors import LocalspecError
 # llama.cpp holds at most 256 sequences, and a tree of N nodes takes N + 1 and as many again for
 # padding (LlamaModel's n_pad_seqs): 64 stays well inside, and bench's adaptive-N stops there too.
 MAX_TREE_NODES = 64
-# llama.cpp asserts (aborts the process) on contexts too small for its output buffers; the
-# smallest context any test or user needs is far above that.
-MIN_CTX = 128
+# llama.cpp keeps positions and sizes in 32-bit integers. How small a context may be depends on
+# the tree size (a sequence per path and per padding row): LlamaModel checks that, with the fix.
+MAX_CTX = (1 << 31) - 1
 
 # the sampling llama.cpp's own tools default to (greedy by default: temperature 0)
 DEFAULT_SAMPLING = SamplingParams(temperature=0.0, top_k=40, top_p=0.95, seed=0)
@@ -60,7 +60,8 @@ RULES: dict[str, Rule] = {
     "max_tokens": Rule("--max-tokens", "an integer >= 1", lambda v: _integer(v) and v >= 1),
     "tree_nodes": Rule("--tree-nodes", f"an integer from 1 to {MAX_TREE_NODES}",
                        lambda v: _integer(v) and 1 <= v <= MAX_TREE_NODES),
-    "n_ctx": Rule("--ctx", f"an integer >= {MIN_CTX} (tokens)", lambda v: _integer(v) and v >= MIN_CTX),
+    "n_ctx": Rule("--ctx", f"an integer from 1 to {MAX_CTX} (tokens)",
+                  lambda v: _integer(v) and 1 <= v <= MAX_CTX),
     "n_gpu_layers": Rule("--gpu-layers", "an integer >= -1 (-1: all layers, 0: CPU only)",
                          lambda v: _integer(v) and v >= -1),
     "n_threads": Rule("--threads", "an integer >= 1", lambda v: v is None or (_integer(v) and v >= 1)),

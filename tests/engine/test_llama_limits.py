@@ -46,7 +46,12 @@ def test_the_bound_is_the_one_llama_cpp_needs(tiny):
 
 @pytest.mark.parametrize("ctx", ["0", "-1", str(1 << 40)])
 def test_a_context_size_out_of_range_is_refused(tiny, ctx):
-    assert_refused(generate(tiny.target_gguf, "--ctx", ctx), "Invalid context size", f"--ctx {ctx}")
+    assert_refused(generate(tiny.target_gguf, "--ctx", ctx), f"--ctx {ctx}", "from 1 to 2147483647")
+
+
+def test_the_model_api_refuses_a_context_size_out_of_range(tiny):
+    with pytest.raises(LocalspecError, match="Invalid context size"):
+        LlamaModel(tiny.target_gguf, n_ctx=0, n_threads=1)
 
 
 def test_a_tiny_context_without_speculation_runs(tiny):
@@ -58,9 +63,13 @@ def test_a_tiny_context_without_speculation_runs(tiny):
 
 
 def test_too_many_sequences_for_llama_cpp_names_the_tree_size_that_fits(tiny):
+    """The command line refuses trees past its own range first (engine/options.py); the model API
+    refuses what llama.cpp cannot hold."""
+    assert_refused(generate(tiny.target_gguf, "--tree-nodes", "100000"), "--tree-nodes 100000", "from 1 to")
     nodes = MAX_SEQUENCES // 2 - 1
-    assert_refused(generate(tiny.target_gguf, "--tree-nodes", str(nodes + 1), "--ctx", "4096"),
-                   f"--tree-nodes {nodes} or fewer")
+    with pytest.raises(LocalspecError, match="Draft trees too large") as err:
+        LlamaModel(tiny.target_gguf, n_ctx=4096, n_seq_max=nodes + 2, n_pad_seqs=nodes + 2, n_threads=1)
+    assert f"--tree-nodes {nodes} or fewer" in err.value.fix
 
 
 def test_the_model_api_refuses_before_creating_the_context(tiny):

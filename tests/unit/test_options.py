@@ -51,7 +51,7 @@ def test_json_round_trip_and_unknown_keys(tmp_path):
     (("--tree-nodes", "0"), "--tree-nodes", f"from 1 to {MAX_TREE_NODES}"),
     (("--tree-nodes", "-1"), "--tree-nodes", f"from 1 to {MAX_TREE_NODES}"),
     (("--tree-nodes", "100000"), "--tree-nodes", f"from 1 to {MAX_TREE_NODES}"),
-    (("--ctx", "-1"), "--ctx", ">= 128"),
+    (("--ctx", "-1"), "--ctx", "from 1 to"),
     (("--seed", "-1"), "--seed", ">= 0"),
     (("--top-p", "0"), "--top-p", "0 < top-p <= 1"),
     (("--top-p", "1.5"), "--top-p", "0 < top-p <= 1"),
@@ -138,22 +138,6 @@ def test_chat_spec_round_trips_through_its_flags():
     spec = settings_options(over(Settings(model="coder"), flags), base)
     assert (spec.model, spec.draft, spec.exact, spec.speculation, spec.n_ctx) == ("coder", "d.gguf",
                                                                                  True, False, 1024)
-
-
-def test_the_library_default_runs_what_the_cli_runs(tiny):
-    """Session(Options(model, draft=...)) with nothing else: the adaptive budget over calibrated
-    costs, Max-Gram and the personal n-grams before the draft, as `localspec generate` does."""
-    from localspec.engine.session import Session
-
-    session = Session(Options(tiny.target_gguf, draft=tiny.draft_gguf, n_ctx=512, n_threads=1))
-    try:
-        assert [d.name for d in session.stages] == ["maxgram", "personal-ngram", "gguf-draft"]
-        assert session.costs is not None and session.engine.budget.adaptive
-        assert session.engine.budget.max_nodes == DEFAULT_TREE_NODES
-        result = session.run(session.raw_prompt("def add(a, b):"), max_tokens=8)
-        assert result.stats.tokens == len(result.tokens) > 0
-    finally:
-        session.close()
 
 
 def test_every_drafter_implements_the_whole_protocol():
