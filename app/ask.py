@@ -14,7 +14,6 @@ and stops on Ctrl-C like `generate`.
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import sys
 from dataclasses import dataclass, replace
@@ -23,6 +22,7 @@ from typing import TextIO
 from localspec.engine.config import DEFAULT_TREE_NODES
 from localspec.engine.errors import LocalspecError
 
+from . import inputs
 from .paths import head_path, resolve_models
 from .settings import Settings, load_settings, settings_path
 
@@ -116,11 +116,12 @@ def open_session(p: AskPlan, args: argparse.Namespace):
                                 budget=TreeBudget(max_nodes=args.tree_nodes, adaptive=True)))
 
 
-def read_piped(stdin: TextIO) -> str | None:
-    """Stdin's text when something is piped or redirected in; None for a terminal."""
+def read_piped(stdin: TextIO, n_ctx: int) -> str | None:
+    """Stdin's text when something is piped or redirected in, bounded by what a context of n_ctx
+    tokens holds (app/inputs.py); None for a terminal."""
     if stdin is None or stdin.closed or stdin.isatty():
         return None
-    return stdin.read()
+    return inputs.read_stdin_text(stdin.buffer, n_ctx)
 
 
 def cmd_ask(args: argparse.Namespace) -> int:
@@ -128,22 +129,19 @@ def cmd_ask(args: argparse.Namespace) -> int:
     from localspec.engine.config import SamplingParams
     from localspec.engine.decode import drain
 
-    p = plan(args, read_piped(sys.stdin))
+    if args.question is not None:
+        args.question = inputs.check_prompt(inputs.argument(args.question), args.ctx, "the question")
+    p = plan(args, read_piped(sys.stdin, args.ctx))
     s = p.settings
     sampling = SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=args.seed)
     session = open_session(p, args)
     try:
         stream = session.generate(session.chat_prompt(p.messages), max_tokens=s.max_tokens,
                                   sampling=sampling)
-        try:
-            result = drain(stream, write_flushed)
-            if not result.text.endswith("\n"):
-                sys.stdout.write("\n")
-            sys.stdout.flush()
-        except BrokenPipeError:           # the reader left (`| head`): stop quietly
-            stream.close()
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            return 0
+        result = drain(stream, write_flushed)   # a reader that leaves (`| head`): app/exits.py
+        if not result.text.endswith("\n"):
+            sys.stdout.write("\n")
+        sys.stdout.flush()
         if args.stats:
             print(result.stats.summary(), file=sys.stderr)
     finally:

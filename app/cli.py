@@ -1,7 +1,9 @@
 """The `localspec` command line. Each subcommand is one small function over the engine.
 
 Errors a user can cause arrive as LocalspecError and are printed as title / cause / fix with exit
-status 2, never as a traceback.
+status 2, never as a traceback; app/exits.py decides how every other ending (Ctrl+C, a closed
+pipe, a bug) is reported. What commands read from stdin, files and arguments goes through
+app/inputs.py: bounded, one UTF-8 policy.
 """
 from __future__ import annotations
 
@@ -113,6 +115,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
         from localspec.app.tui.launch import run_chat
 
         return run_chat(args)
+    from localspec.app.inputs import text_stdin
     from localspec.app.repl import chat_loop
     from localspec.engine.errors import LocalspecError
 
@@ -122,7 +125,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
     sampling = _sampling(args)
     session = _open_session(args)
     try:
-        chat_loop(session, sampling, args.max_tokens)
+        chat_loop(session, sampling, args.max_tokens, stdin=text_stdin(sys.stdin.buffer))
     finally:
         session.close()
     return 0
@@ -131,7 +134,10 @@ def cmd_chat(args: argparse.Namespace) -> int:
 def cmd_generate(args: argparse.Namespace) -> int:
     from localspec.engine.errors import LocalspecError
 
-    prompt = args.prompt if args.prompt is not None else sys.stdin.read()
+    from . import inputs
+
+    prompt = (inputs.check_prompt(inputs.argument(args.prompt), args.ctx, "the prompt")
+              if args.prompt is not None else inputs.read_stdin_text(sys.stdin.buffer, args.ctx))
     if not prompt.strip():
         raise LocalspecError("Empty prompt", "no prompt argument and nothing on stdin",
                              'Pass a prompt: localspec generate "..." --model M, or pipe one in')
@@ -143,13 +149,17 @@ def cmd_generate(args: argparse.Namespace) -> int:
         tokens = (session.raw_prompt(prompt) if args.raw
                   else session.chat_prompt([{"role": "user", "content": prompt}]))
         stream = session.generate(tokens, max_tokens=args.max_tokens, sampling=sampling,
-                                  stop=args.stop)
+                                  stop=[inputs.argument(s) for s in args.stop])
         result = drain(stream, None if args.json else write_flushed)
         if args.json:
             json.dump({"text": result.text, "tokens": result.tokens,
                        "finish_reason": result.finish_reason, "stats": result.stats.to_dict()},
                       sys.stdout)
         sys.stdout.write("\n")
+        sys.stdout.flush()
+        if result.finish_reason == "context" and not args.json:   # JSON says so in finish_reason
+            print(f"note: the context ({args.ctx} tokens) is full: the reply stops here. "
+                  "Raise --ctx or shorten the prompt for a longer one.", file=sys.stderr)
         if args.stats:
             print(result.stats.summary(), file=sys.stderr)
     finally:
@@ -345,22 +355,20 @@ def set_network_mode(command: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; the exit status and message for whatever ends it are app/exits.py's."""
+    from .exits import run_command
+
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["--version"]:   # what argparse would print, without loading the engine
         print(f"localspec {_version()}")
         return 0
-    from localspec.engine.errors import LocalspecError   # first: llama.cpp loads before numpy
+    return run_command(lambda: _run(argv))
 
+
+def _run(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     set_network_mode(args.command)
-    try:
-        return args.run(args)
-    except LocalspecError as err:
-        print(err.render(), file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("\ninterrupted", file=sys.stderr)
-        return 130
+    return args.run(args)
 
 
 if __name__ == "__main__":
