@@ -29,6 +29,7 @@ from .chat import ChatScreen
 from .dialogs import SettingsScreen
 from .first_run import FirstRunScreen
 from .styles import CSS
+from .terminal import TolerantDriver, exit_on_signals
 
 POLL_HZ = 30
 MAX_EVENTS_PER_TICK = 200
@@ -64,7 +65,7 @@ class ChatApp(App):
         its model, draft, speculation/personal off and exact on are this run's flags (chat --model,
         --draft, --no-speculation, --no-personal, --exact), over the settings. A model given
         (not "") brings its draft: the one given, or None (the model's own), not the saved one."""
-        super().__init__()
+        super().__init__(driver_class=TolerantDriver)
         self.settings, self.history = settings, history
         self.engine_factory, self.settings_file = engine_factory, settings_file
         self.base_spec = base = engine_spec or EngineSpec(model="")
@@ -88,6 +89,8 @@ class ChatApp(App):
 
     # ---- lifecycle ----------------------------------------------------------------------------
     async def on_mount(self) -> None:
+        if not self.is_headless:
+            exit_on_signals(self)
         if self.startup_notice is not None:
             n = self.startup_notice
             self.notify(f"{n.cause}. {n.fix}", title=n.title, severity="warning", timeout=15)
