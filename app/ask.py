@@ -129,8 +129,10 @@ def cmd_ask(args: argparse.Namespace) -> int:
     from localspec.engine.config import SamplingParams
     from localspec.engine.decode import drain
 
-    if args.question is not None:
+    if args.question is not None:   # argv's surrogate escapes as U+FFFD, the size bounded
         args.question = inputs.check_prompt(inputs.argument(args.question), args.ctx, "the question")
+    if args.system is not None:
+        args.system = inputs.check_prompt(inputs.argument(args.system), args.ctx, "the system prompt")
     p = plan(args, read_piped(sys.stdin, args.ctx))
     s = p.settings
     sampling = SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=args.seed)

@@ -8,7 +8,8 @@ message, so that no path ends in a raw traceback.
   its end and exit 0; such a dropped interrupt is delivered again until it lands in Python code.
 * A reader that leaves (`localspec generate … | head -c 5`) ends the command quietly (exit 0, as
   when the output was wanted no further); a closed stdout/stderr at start is replaced by
-  /dev/null, so the descriptor is never reused for a file that output would then land in.
+  /dev/null, so the descriptor is never reused for a file that output would then land in; what
+  the terminal's encoding cannot show is replaced.
 * An OSError the commands did not turn into a LocalspecError is the machine's (permissions, a
   read-only or full disk): its one-line cause and a fix, exit 2. Running out of memory likewise.
 * Anything else is a bug: "this is a bug" with the one-line cause, exit 2. LOCALSPEC_DEBUG=1
@@ -44,7 +45,7 @@ _OS_FIXES = {
 
 def run_command(body: Callable[[], int]) -> int:
     """Run a command's body and return its exit status, whatever ends it (the module docstring)."""
-    _claim_closed_std_streams()
+    _prepare_std_streams()
     sys.unraisablehook = _redeliver_interrupts(sys.unraisablehook)
     try:
         # first, so that llama.cpp loads before numpy; inside the guard, as a Ctrl+C may come
@@ -102,9 +103,10 @@ def _silence_stdout() -> None:
     os.close(devnull)
 
 
-def _claim_closed_std_streams() -> None:
+def _prepare_std_streams() -> None:
     """Open /dev/null on a standard descriptor that was closed at start (`>&-`), and give Python a
-    stream for it: output goes nowhere instead of into whatever file would get that descriptor."""
+    stream for it: output goes nowhere instead of into whatever file would get that descriptor.
+    Text the terminal's encoding cannot show (a Latin-1 locale) is replaced, not an error."""
     for fd, name, mode in ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w")):
         try:
             os.fstat(fd)
@@ -114,6 +116,7 @@ def _claim_closed_std_streams() -> None:
                 os.dup2(opened, fd)
                 os.close(opened)
             setattr(sys, name, open(fd, mode, encoding="utf-8", errors="replace", closefd=False))
+    sys.stdout.reconfigure(errors="replace")
 
 
 def _redeliver_interrupts(previous: Callable) -> Callable:

@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from localspec.engine.errors import LocalspecError
 
-from .inputs import read_text_file
+from .inputs import decode, read_text_file
 from .paths import model_path
 
 # A file this size already yields more n-gram rows (about four per token, a token being about four
@@ -78,10 +79,9 @@ def cmd_ngram(args: argparse.Namespace) -> int:
 
 
 def _confirm(question: str) -> bool:
-    try:
-        return input(question).strip().lower() in ("y", "yes")
-    except EOFError:
-        return False
+    """A yes from stdin: one short line read (bounded, decoded by app/inputs.py's policy)."""
+    print(question, end="", flush=True)
+    return decode(sys.stdin.buffer.readline(64)).strip().lower() in ("y", "yes")
 
 
 def _print_ngram_info(info) -> None:

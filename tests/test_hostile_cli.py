@@ -110,8 +110,10 @@ def test_fifo_for_add_file_does_not_hang(tiny, tmp_path):
 BAD = b"caf\xe9 \xff\xfe say hi"
 
 
-def test_non_utf8_prompt_argument(tiny):
-    proc = run_cli(b"generate", BAD, b"--model", os.fsencode(tiny.target_gguf), b"--max-tokens", b"4")
+@pytest.mark.parametrize("args", [[b"generate", BAD, b"--stop", BAD],
+                                  [b"ask", BAD, b"--system", BAD]])
+def test_non_utf8_arguments(tiny, args):
+    proc = run_cli(*args, b"--model", os.fsencode(tiny.target_gguf), b"--max-tokens", b"4")
     assert_quiet_success(proc)
     assert proc.stdout.strip()
 
