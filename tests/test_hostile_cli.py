@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from localspec.engine.errors import LocalspecError
+
 CLI = [sys.executable, "-m", "localspec.app.cli"]
 QUICK_S = 30        # refusals that happen before a model loads
 RUN_S = 120         # a short generation on the tiny model (a loaded 2-core machine)
@@ -319,3 +321,37 @@ def test_context_filling_up_is_said(tiny):
                    "--max-tokens", "400", "--no-speculation", stdin=prompt.encode())
     assert proc.returncode == 0, stderr_of(proc)
     assert "the context (256 tokens) is full" in stderr_of(proc)
+
+
+# ---- the bounded readers themselves ------------------------------------------------------------
+class Endless:
+    """A stream that never ends (`yes`, /dev/zero), counting what was read from it."""
+
+    def __init__(self) -> None:
+        self.read_bytes = 0
+
+    def read(self, n: int) -> bytes:
+        self.read_bytes += n
+        return b"y\n" * (n // 2) + b"y" * (n % 2)
+
+
+def test_bounded_read_stops_one_byte_past_the_limit():
+    from localspec.app import inputs
+
+    stream = Endless()
+    assert inputs.read_bounded(stream, 1000) is None and stream.read_bytes == 1001
+    with pytest.raises(LocalspecError, match="more than 128 tokens can hold") as err:
+        inputs.read_stdin_text(Endless(), 128)
+    assert "--ctx" in err.value.fix
+
+
+def test_read_line_takes_lines_and_refuses_an_endless_one():
+    import io
+
+    from localspec.app import inputs
+
+    text = inputs.text_stdin(io.BytesIO(b"caf\xe9\n/quit\n"))
+    assert inputs.read_line(text, 64) == "caf\ufffd\n"
+    assert inputs.read_line(text, 64) == "/quit\n" and inputs.read_line(text, 64) is None
+    with pytest.raises(LocalspecError, match="longer than"):
+        inputs.read_line(io.StringIO("x" * 10_000), 64)
