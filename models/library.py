@@ -500,7 +500,18 @@ def remove_model(name: str, root: Path | None = None) -> InstalledModel:
             raise not_installed(name, models)
         model = models.pop(name)
         _write_manifest(models, root)   # first: a crash below leaves orphans, never dangling entries
-    base = store_dir(root).resolve()
+    try:
+        _delete_owned(model, store_dir(root).resolve())
+    except OSError as err:   # forgotten already: say what is left on disk, not a traceback
+        raise LocalspecError(f"Model '{name}' is forgotten, but some of its files stay",
+                             f"'{err.filename}': {err.strerror or err}",
+                             f"Delete {store_dir(root) / name} yourself once it is writable") from None
+    return model
+
+
+def _delete_owned(model: InstalledModel, base: Path) -> None:
+    """Delete the files the store owns for `model` (never one referenced in place), then its
+    folder if empty."""
     for f in [model.target] + ([model.draft] if model.draft else []):
         for path in f.files:
             if f.owned and base in path.resolve().parents:
@@ -508,13 +519,12 @@ def remove_model(name: str, root: Path | None = None) -> InstalledModel:
         if (f.kind == "torch" and f.owned and base in f.path.resolve().parents
                 and f.path.is_dir() and not any(f.path.iterdir())):
             f.path.rmdir()
-    folder = base / name
+    folder = base / model.name
     if folder.is_dir():
         for stale in folder.glob(f"*{PARTIAL_SUFFIX}"):
             stale.unlink()
         if not any(folder.iterdir()):
             folder.rmdir()
-    return model
 
 
 def not_installed(name: str, models: dict[str, InstalledModel] | None = None) -> LocalspecError:

@@ -296,6 +296,22 @@ def test_read_only_data_dir_on_import_and_rm(tiny, tmp_path, no_setpriv_needed):
             folder.chmod(folder.stat().st_mode | 0o200)
 
 
+def test_rm_of_a_copy_in_a_read_only_folder_says_what_stays(tiny, tmp_path, no_setpriv_needed):
+    data = tmp_path / "data"
+    env = {**os.environ, "LOCALSPEC_DATA_DIR": str(data)}
+    assert run_cli("import", "tiny", str(tiny.target_gguf), "--copy", env=env).returncode == 0
+    folder = data / "models" / "tiny"
+    folder.chmod(0o555)
+    try:
+        proc = as_unprivileged(["rm", "tiny"], env=env)
+        assert_clean_error(proc, "forgotten, but some of its files stay", "Permission denied",
+                           str(folder))
+        assert (folder / "target.gguf").is_file()
+        assert b"No models installed" in run_cli("list", env=env).stdout
+    finally:
+        folder.chmod(0o755)
+
+
 # ---- misleading fixes -------------------------------------------------------------------------
 def test_import_without_a_name_and_the_printed_command_works(tiny, tmp_path):
     env = {**os.environ, "LOCALSPEC_DATA_DIR": str(tmp_path / "data")}
