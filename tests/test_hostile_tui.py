@@ -82,3 +82,28 @@ def test_signals_restore_the_terminal_on_the_first_run_screen(signum):
         assert ALT_SCREEN_OFF in term.output and b"Traceback" not in term.output
     finally:
         term.close()
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+@pytest.mark.anyio
+async def test_a_message_longer_than_the_context_stays_unsent(tmp_path):
+    from tui_support import demo_app
+
+    from localspec.app.inputs import prompt_limit
+
+    app = demo_app(tmp_path)
+    async with app.run_test(size=(110, 34)) as pilot:
+        await pilot.pause()
+        before = len(app.history.conversations())
+        prompt = app.chat.query_one("#prompt")
+        pasted = "y\n" * (prompt_limit(app.base_spec.n_ctx) // 2 + 1)     # `yes` pasted in
+        prompt.text = pasted
+        await pilot.press("enter")
+        notice = app.chat.query_one("#notice")
+        assert notice.display and "longer than the context" in str(notice.render())
+        assert prompt.text == pasted                                    # kept, not lost
+        assert len(app.history.conversations()) == before and not app.engine.requests
