@@ -14,7 +14,6 @@ and stops on Ctrl-C like `generate`.
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import sys
 from dataclasses import dataclass, replace
@@ -24,6 +23,7 @@ from localspec.engine.config import SamplingParams
 from localspec.engine.errors import LocalspecError
 from localspec.engine.options import Options
 
+from . import inputs
 from .run_options import given, options_from_flags, over, resolved, settings_flags, settings_options
 from .settings import Settings, load_settings, settings_path
 
@@ -89,11 +89,12 @@ def plan(args: argparse.Namespace, piped: str | None) -> AskPlan:
     return AskPlan(run, messages, options)
 
 
-def read_piped(stdin: TextIO) -> str | None:
-    """Stdin's text when something is piped or redirected in; None for a terminal."""
+def read_piped(stdin: TextIO, n_ctx: int) -> str | None:
+    """Stdin's text when something is piped or redirected in, bounded by what a context of n_ctx
+    tokens holds (app/inputs.py); None for a terminal."""
     if stdin is None or stdin.closed or stdin.isatty():
         return None
-    return stdin.read()
+    return inputs.read_stdin_text(stdin.buffer, n_ctx)
 
 
 def cmd_ask(args: argparse.Namespace) -> int:
@@ -101,20 +102,20 @@ def cmd_ask(args: argparse.Namespace) -> int:
     from localspec.engine.decode import drain
     from localspec.engine.session import Session
 
-    given(args)   # a bad value is refused before stdin is read
-    p = plan(args, read_piped(sys.stdin))
+    flags = given(args)   # a bad value is refused before stdin is read
+    n_ctx = flags.get("ctx", Options.n_ctx)
+    if args.question is not None:   # argv's surrogate escapes as U+FFFD, the size bounded
+        args.question = inputs.check_prompt(inputs.argument(args.question), n_ctx, "the question")
+    if args.system is not None:
+        args.system = inputs.check_prompt(inputs.argument(args.system), n_ctx, "the system prompt")
+    p = plan(args, read_piped(sys.stdin, n_ctx))
     session = Session(resolved(p.options))
     try:
         stream = session.generate(session.chat_prompt(p.messages))
-        try:
-            result = drain(stream, write_flushed)
-            if not result.text.endswith("\n"):
-                sys.stdout.write("\n")
-            sys.stdout.flush()
-        except BrokenPipeError:           # the reader left (`| head`): stop quietly
-            stream.close()
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            return 0
+        result = drain(stream, write_flushed)   # a reader that leaves (`| head`): app/exits.py
+        if not result.text.endswith("\n"):
+            sys.stdout.write("\n")
+        sys.stdout.flush()
         if args.stats:
             print(result.stats.summary(), file=sys.stderr)
     finally:

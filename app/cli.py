@@ -1,7 +1,9 @@
 """The `localspec` command line. Each subcommand is one small function over the engine.
 
 Errors a user can cause arrive as LocalspecError and are printed as title / cause / fix with exit
-status 2, never as a traceback.
+status 2, never as a traceback; app/exits.py decides how every other ending (Ctrl+C, a closed
+pipe, a bug) is reported. What commands read from stdin, files and arguments goes through
+app/inputs.py: bounded, one UTF-8 policy.
 """
 from __future__ import annotations
 
@@ -82,6 +84,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
         from localspec.app.tui.launch import run_chat
 
         return run_chat(args)
+    from localspec.app.inputs import text_stdin
     from localspec.app.repl import chat_loop
     from localspec.engine.errors import LocalspecError
 
@@ -91,7 +94,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
     options = run_options(args)
     session = _open_session(options)
     try:
-        chat_loop(session, options.sampling, options.max_tokens)
+        chat_loop(session, options.sampling, options.max_tokens, stdin=text_stdin(sys.stdin.buffer))
     finally:
         session.close()
     return 0
@@ -100,25 +103,32 @@ def cmd_chat(args: argparse.Namespace) -> int:
 def cmd_generate(args: argparse.Namespace) -> int:
     from localspec.engine.errors import LocalspecError
 
-    prompt = args.prompt if args.prompt is not None else sys.stdin.read()
+    from . import inputs
+
+    options = run_options(args)   # a bad value is refused before stdin is read
+    prompt = (inputs.check_prompt(inputs.argument(args.prompt), options.n_ctx, "the prompt")
+              if args.prompt is not None else inputs.read_stdin_text(sys.stdin.buffer, options.n_ctx))
     if not prompt.strip():
         raise LocalspecError("Empty prompt", "no prompt argument and nothing on stdin",
                              'Pass a prompt: localspec generate "..." --model M, or pipe one in')
     from localspec.engine import native  # noqa: F401  (first: llama.cpp before numpy, engine/native.py)
     from localspec.engine.decode import drain
 
-    options = run_options(args)
     session = _open_session(options)
     try:
         tokens = (session.raw_prompt(prompt) if args.raw
                   else session.chat_prompt([{"role": "user", "content": prompt}]))
-        stream = session.generate(tokens, stop=args.stop)
+        stream = session.generate(tokens, stop=[inputs.argument(s) for s in args.stop])
         result = drain(stream, None if args.json else write_flushed)
         if args.json:
             json.dump({"text": result.text, "tokens": result.tokens,
                        "finish_reason": result.finish_reason, "stats": result.stats.to_dict()},
                       sys.stdout)
         sys.stdout.write("\n")
+        sys.stdout.flush()
+        if result.finish_reason == "context" and not args.json:   # JSON says so in finish_reason
+            print(f"note: the context ({options.n_ctx} tokens) is full: the reply stops here. "
+                  "Raise --ctx or shorten the prompt for a longer one.", file=sys.stderr)
         if args.stats:
             print(result.stats.summary(), file=sys.stderr)
     finally:
@@ -312,22 +322,20 @@ def set_network_mode(command: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; the exit status and message for whatever ends it are app/exits.py's."""
+    from .exits import run_command
+
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["--version"]:   # what argparse would print, without loading the engine
         print(f"localspec {_version()}")
         return 0
-    from localspec.engine.errors import LocalspecError
+    return run_command(lambda: _run(argv))
 
+
+def _run(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     set_network_mode(args.command)
-    try:
-        return args.run(args)
-    except LocalspecError as err:
-        print(err.render(), file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("\ninterrupted", file=sys.stderr)
-        return 130
+    return args.run(args)
 
 
 if __name__ == "__main__":

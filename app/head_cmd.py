@@ -15,10 +15,15 @@ from pathlib import Path
 
 from localspec.engine.errors import LocalspecError
 
+from .inputs import read_text_file
 from .paths import model_path
 
 
 _PROMPT, _GEN = 384, 128   # a generated continuation: prompt tokens kept, tokens generated
+# The default --max-tokens reads about 2 MB of text in all; one file many times that is a log or a
+# data dump rather than the code and notes a head learns from, and is skipped (with a note)
+# instead of being read into memory whole.
+HEAD_FILE_MAX_BYTES = 16 << 20
 
 
 def add_head(sub: argparse._SubParsersAction) -> None:
@@ -78,12 +83,16 @@ def _train(args: argparse.Namespace) -> int:
                              "Name files or folders holding *.py, *.md, *.txt or *.rst files")
     say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
 
+    skipped: set[Path] = set()
+
     def texts():
         for f in files:
             try:
-                yield f.read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError):
-                continue   # binary or unreadable: skipped
+                yield read_text_file(f, HEAD_FILE_MAX_BYTES, "Cannot learn from the file", "Split it")
+            except LocalspecError as err:   # binary, unreadable or too large: skipped, said once
+                if f not in skipped:
+                    skipped.add(f)
+                    say(f"skipped {f}: {err.cause}")
 
     parts = []
     if args.max_tokens > 0:

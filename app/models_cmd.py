@@ -4,7 +4,16 @@ the hub client offline for every other one)."""
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
+from pathlib import Path
+
+from typing import TYPE_CHECKING
+
+from .paths import looks_like_name
+
+if TYPE_CHECKING:
+    from localspec.models import library
 
 
 def add_models_commands(sub: argparse._SubParsersAction) -> None:
@@ -24,9 +33,12 @@ def add_models_commands(sub: argparse._SubParsersAction) -> None:
                         help="a known pair's PyTorch draft (transformers, for a CUDA GPU) instead "
                              "of its GGUF draft")
     p.set_defaults(run=cmd_pull)
-    p = sub.add_parser("import", help="register GGUF files already on disk under a name")
-    p.add_argument("name", help="the name to use with --model (letters, digits, '.', '_', '-')")
-    p.add_argument("target", help="the target model: a .gguf file")
+    p = sub.add_parser("import", help="register GGUF files already on disk under a name",
+                       usage="localspec import [NAME] FILE.gguf [--draft DRAFT] [--copy]")
+    p.add_argument("name", nargs="?",
+                   help="the name to use with --model (letters, digits, '.', '_', '-'; default: the "
+                        "file's name without .gguf)")
+    p.add_argument("target", nargs="?", help="the target model: a .gguf file")
     p.add_argument("--draft", help="a draft with the target's vocabulary: a .gguf, or a "
                                    "transformers folder (PyTorch draft)")
     p.add_argument("--copy", action="store_true",
@@ -47,7 +59,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
     done = pull.already_installed(plan)
     if done is not None:
         print(f"{done.name} is already installed ({done.target.path.parent}); nothing to do. "
-              f"Use it with: localspec chat --model {done.name}")
+              f"Use it with: {use_with(done)}")
         return 0
     try:
         model = pull.pull(plan)
@@ -58,19 +70,42 @@ def cmd_pull(args: argparse.Namespace) -> int:
     draft = f" with draft {model.draft.path.name}" if model.draft else ""
     print(f"Pulled {model.name}: {model.target.path.name}{draft} ({_size(model.size)}, "
           f"{model.quantization}, every file verified against the hub's hashes) into {model.target.path.parent}. "
-          f"Use it with: localspec chat --model {model.name}")
+          f"Use it with: {use_with(model)}")
     return 0
 
 
 def cmd_import(args: argparse.Namespace) -> int:
+    from localspec.engine.errors import LocalspecError
     from localspec.models import library   # when run: building the parser loads no numpy (engine/native.py)
 
-    model = library.import_model(args.name, args.target, args.draft, copy=args.copy)
+    if args.name is None:
+        raise LocalspecError("Nothing to import", "no model file given",
+                             "Run: localspec import FILE.gguf, or localspec import NAME FILE.gguf")
+    if args.target is None:          # `import FILE.gguf`: the name comes from the file's
+        target, name = args.name, library.name_for_file(args.name)
+        if library.get_model(name) is not None:
+            raise LocalspecError(f"Model '{name}' is already installed",
+                                 f"'{name}' (the name taken from '{Path(target).name}') points at "
+                                 f"{library.get_model(name).target.path}",
+                                 f"Pick a name: localspec import NAME {shlex.quote(target)}")
+    else:
+        target, name = args.target, args.name
+    model = library.import_model(name, target, args.draft, copy=args.copy)
     how = f"copied into {library.store_dir()}" if args.copy else "referenced in place"
     draft = f" with draft {model.draft.path.name}" if model.draft else ""
     print(f"Imported {model.name}: {model.target.path.name}{draft} ({_size(model.size)}, "
-          f"{model.quantization}, {how}). Use it with: localspec chat --model {model.name}")
+          f"{model.quantization}, {how}). Use it with: {use_with(model)}")
     return 0
+
+
+def use_with(model: library.InstalledModel) -> str:
+    """The command that chats with `model`: by its name, or by its files where the name would be
+    read as a path (a value ending in .gguf always is)."""
+    if looks_like_name(model.name):
+        return f"localspec chat --model {model.name}"
+    draft = f" --draft {shlex.quote(str(model.draft.path))}" if model.draft else ""
+    return (f"localspec chat --model {shlex.quote(str(model.target.path))}{draft} (the name "
+            f"'{model.name}' would be read as a file path)")
 
 
 def cmd_list(args: argparse.Namespace) -> int:

@@ -2,11 +2,18 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from localspec.engine.errors import LocalspecError
 
+from .inputs import decode, read_text_file
 from .paths import model_path
+
+# A file this size already yields more n-gram rows (about four per token, a token being about four
+# bytes) than the store keeps (ngram_store.DEFAULT_MAX_ROWS): a bigger one only costs memory and
+# time before the pruning drops what it added.
+ADD_FILE_MAX_BYTES = 4 << 20
 
 
 def add_ngram(sub: argparse._SubParsersAction) -> None:
@@ -72,10 +79,9 @@ def cmd_ngram(args: argparse.Namespace) -> int:
 
 
 def _confirm(question: str) -> bool:
-    try:
-        return input(question).strip().lower() in ("y", "yes")
-    except EOFError:
-        return False
+    """A yes from stdin: one short line read (bounded, decoded by app/inputs.py's policy)."""
+    print(question, end="", flush=True)
+    return decode(sys.stdin.buffer.readline(64)).strip().lower() in ("y", "yes")
 
 
 def _print_ngram_info(info) -> None:
@@ -96,14 +102,8 @@ def _ngram_add_file(args: argparse.Namespace) -> int:
     from localspec.models.ngram_store import NgramStore, vocab_key
 
     path = Path(args.path).expanduser().resolve()
-    if not path.is_file():
-        raise LocalspecError("File not found", f"'{args.path}' is not an existing file",
-                             "Pass the path of a text file to learn from")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise LocalspecError("Not a text file", f"'{path}' is not UTF-8 text",
-                             "Point add-file at a UTF-8 text file (code, notes, ...)") from None
+    text = read_text_file(path, ADD_FILE_MAX_BYTES, "Cannot learn from the file",
+                          "Split it, or add the part that matters")
     gguf = model_path(args.model, "Model")
     model = LlamaModel(gguf, n_ctx=64)
     try:

@@ -26,7 +26,7 @@ def resolve_models(model: str, draft: str | None) -> tuple[Path, Path | None]:
     """--model / --draft as given: an existing path is used as before; otherwise --model may be an
     installed model's name (localspec import / pull), whose registered draft is used unless --draft
     is given."""
-    if Path(model).expanduser().exists() or not _looks_like_name(model):
+    if Path(model).expanduser().exists() or not looks_like_name(model):
         return model_path(model, "Model"), (model_path(draft, "Draft model") if draft else None)
     from localspec.models import library
 
@@ -44,6 +44,6 @@ def resolve_models(model: str, draft: str | None) -> tuple[Path, Path | None]:
     return entry.target.path, entry.draft.path if entry.draft else None
 
 
-def _looks_like_name(value: str) -> bool:
+def looks_like_name(value: str) -> bool:
     """A bare name (no path separator, not a .gguf file name) rather than a path."""
     return "/" not in value and os.sep not in value and not value.lower().endswith(".gguf")

@@ -15,11 +15,15 @@ from typing import TextIO
 from localspec.engine.config import SamplingParams
 from localspec.engine.session import Session
 
+from .inputs import read_line
+
 HELP = "Type a message and press Enter. /reset starts over, /stats shows the last reply's statistics, /quit leaves."
 
 
 def chat_loop(session: Session, sampling: SamplingParams, max_tokens: int,
               stdin: TextIO = sys.stdin, stdout: TextIO = sys.stdout) -> None:
+    """Chat on `stdin` (text, decoded by app/inputs.py's policy) until it ends or /quit; a line
+    longer than the context could hold ends the chat with a LocalspecError."""
     history: list[dict] = []
     conversation = f"chat-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     last_stats = None
@@ -27,8 +31,8 @@ def chat_loop(session: Session, sampling: SamplingParams, max_tokens: int,
     while True:
         stdout.write("\n> ")
         stdout.flush()
-        line = stdin.readline()
-        if not line or line.strip() == "/quit":
+        line = read_line(stdin, session.cfg.n_ctx)
+        if line is None or line.strip() == "/quit":
             return
         text = line.strip()
         if not text:

@@ -186,10 +186,13 @@ def _read_manifest(root: Path | None = None) -> dict[str, InstalledModel]:
 def _write_manifest(models: dict[str, InstalledModel], root: Path | None = None) -> None:
     """Replace the manifest atomically: temp file in the same folder, fsync, os.replace."""
     folder = store_dir(root)
-    folder.mkdir(parents=True, exist_ok=True)
     body = json.dumps({"version": MANIFEST_VERSION,
                        "models": {n: m.to_json() for n, m in sorted(models.items())}}, indent=2)
-    fd, tmp = tempfile.mkstemp(prefix=f".{MANIFEST}.", suffix=".tmp", dir=folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{MANIFEST}.", suffix=".tmp", dir=folder)
+    except OSError as err:
+        raise store_not_writable(folder, err) from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(body + "\n")
@@ -200,6 +203,15 @@ def _write_manifest(models: dict[str, InstalledModel], root: Path | None = None)
         Path(tmp).unlink(missing_ok=True)
         raise
     _fsync_dir(folder)
+
+
+def store_not_writable(folder: Path, err: OSError) -> LocalspecError:
+    """The store cannot be changed (a read-only data dir, permissions, a full disk): the real
+    cause, and nothing was changed, so nothing needs repairing."""
+    return LocalspecError("Cannot change the installed models",
+                          f"'{err.filename or folder}': {err.strerror or err}",
+                          f"Make '{folder}' writable for your user (or free disk space), or set "
+                          "LOCALSPEC_DATA_DIR to a writable folder; nothing was changed")
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -214,8 +226,12 @@ def _fsync_dir(folder: Path) -> None:
 def _locked(root: Path | None = None) -> Iterator[None]:
     """Serialise manifest read-modify-write between localspec processes."""
     folder = store_dir(root)
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / ".lock", "a") as fh:
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fh = open(folder / ".lock", "a")
+    except OSError as err:
+        raise store_not_writable(folder, err) from None
+    with fh:
         fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
         try:
             yield
@@ -358,6 +374,19 @@ def import_model(name: str, target_path: str | Path, draft_path: str | Path | No
     return model
 
 
+def name_for_file(path: str | Path) -> str:
+    """The model name `localspec import FILE.gguf` gives a file: its name without .gguf (and
+    without a split file's part number), as a plain name (check_name)."""
+    stem = SPLIT.sub(r"\g<stem>", Path(path).name)
+    stem = re.sub(r"(?i)\.gguf$", "", stem)
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", stem).lstrip("._-")
+    name = re.sub(r"\.{2,}", ".", name)[:64]
+    if not name:
+        raise LocalspecError("No name for the model", f"'{Path(path).name}' has no usable "
+                             "letters or digits for a name", "Name it: localspec import NAME FILE.gguf")
+    return name
+
+
 def _check_free(name: str, models: dict[str, InstalledModel]) -> None:
     if name in models:
         raise LocalspecError(f"Model '{name}' is already installed",
@@ -471,7 +500,18 @@ def remove_model(name: str, root: Path | None = None) -> InstalledModel:
             raise not_installed(name, models)
         model = models.pop(name)
         _write_manifest(models, root)   # first: a crash below leaves orphans, never dangling entries
-    base = store_dir(root).resolve()
+    try:
+        _delete_owned(model, store_dir(root).resolve())
+    except OSError as err:   # forgotten already: say what is left on disk, not a traceback
+        raise LocalspecError(f"Model '{name}' is forgotten, but some of its files stay",
+                             f"'{err.filename}': {err.strerror or err}",
+                             f"Delete {store_dir(root) / name} yourself once it is writable") from None
+    return model
+
+
+def _delete_owned(model: InstalledModel, base: Path) -> None:
+    """Delete the files the store owns for `model` (never one referenced in place), then its
+    folder if empty."""
     for f in [model.target] + ([model.draft] if model.draft else []):
         for path in f.files:
             if f.owned and base in path.resolve().parents:
@@ -479,13 +519,12 @@ def remove_model(name: str, root: Path | None = None) -> InstalledModel:
         if (f.kind == "torch" and f.owned and base in f.path.resolve().parents
                 and f.path.is_dir() and not any(f.path.iterdir())):
             f.path.rmdir()
-    folder = base / name
+    folder = base / model.name
     if folder.is_dir():
         for stale in folder.glob(f"*{PARTIAL_SUFFIX}"):
             stale.unlink()
         if not any(folder.iterdir()):
             folder.rmdir()
-    return model
 
 
 def not_installed(name: str, models: dict[str, InstalledModel] | None = None) -> LocalspecError:

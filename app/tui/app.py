@@ -30,6 +30,7 @@ from .chat import ChatScreen
 from .dialogs import SettingsScreen
 from .first_run import FirstRunScreen
 from .styles import CSS
+from .terminal import TolerantDriver, exit_on_signals
 
 POLL_HZ = 30
 MAX_EVENTS_PER_TICK = 200
@@ -68,7 +69,7 @@ class ChatApp(App):
         (not "") brings its draft: the one given, or None (the model's own), not the saved one.
         run_flags: the flags that stand over the settings for this run (app/run_options
         settings_flags); None: those the spec implies (its models, exact, speculation, personal)."""
-        super().__init__()
+        super().__init__(driver_class=TolerantDriver)
         self.settings, self.history = settings, history
         self.engine_factory, self.settings_file = engine_factory, settings_file
         self.base_spec = engine_spec or EngineSpec(model="")
@@ -82,6 +83,8 @@ class ChatApp(App):
 
     # ---- lifecycle ----------------------------------------------------------------------------
     async def on_mount(self) -> None:
+        if not self.is_headless:
+            exit_on_signals(self)
         if self.startup_notice is not None:
             n = self.startup_notice
             self.notify(f"{n.cause}. {n.fix}", title=n.title, severity="warning", timeout=15)

@@ -1,14 +1,15 @@
 """What the chat input understands beyond plain text: `/file PATH` attachments and code blocks.
 
 Pure functions over strings and files, so they are tested without a terminal. An attachment that
-cannot be read (missing, a folder, binary, too big, not UTF-8) is a LocalspecError naming the fix;
-the message is then not sent.
+cannot be read (missing, a folder, binary, too big) is a LocalspecError naming the fix; the
+message is then not sent. Invalid UTF-8 follows app/inputs.py's one policy (U+FFFD).
 """
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
+from localspec.app.inputs import read_text_file
 from localspec.engine.errors import LocalspecError
 
 MAX_FILE_BYTES = 128 * 1024     # a file this size already fills a 4k-token context several times
@@ -39,20 +40,8 @@ def attachment_block(raw: str, cwd: Path | None = None) -> str:
     if not path.is_file():
         raise LocalspecError("Cannot attach the file", f"'{raw}' is not a regular file",
                              "Attach one file at a time: /file PATH")
-    size = path.stat().st_size
-    if size > MAX_FILE_BYTES:
-        raise LocalspecError("Cannot attach the file",
-                             f"'{raw}' is {size // 1024} KiB; the limit is {MAX_FILE_BYTES // 1024} KiB",
-                             "Attach the part that matters (copy it into the message)")
-    data = path.read_bytes()
-    if b"\0" in data[:8192]:
-        raise LocalspecError("Cannot attach the file", f"'{raw}' looks binary (it holds NUL bytes)",
-                             "Attach text files only")
-    try:
-        body = data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise LocalspecError("Cannot attach the file", f"'{raw}' is not UTF-8 text ({err.reason} "
-                             f"at byte {err.start})", "Convert it to UTF-8 first") from None
+    body = read_text_file(path, MAX_FILE_BYTES, "Cannot attach the file",
+                          "Attach the part that matters (copy it into the message)")
     fence = "````" if "```" in body else "```"
     return f"File `{path.name}`:\n{fence}{_LANGS.get(path.suffix.lower(), '')}\n{body.rstrip()}\n{fence}"
 

@@ -27,6 +27,7 @@ from textual.widgets import Footer, Input, Label, ListItem, ListView, Static
 
 from localspec.app.engine_proc import Crashed, Done, Error, Ready, Token
 from localspec.app.history import DEFAULT_TITLE, Conversation, History, Message
+from localspec.app.inputs import check_prompt
 from localspec.engine.errors import LocalspecError
 
 from .attach import code_blocks, expand_attachments
@@ -216,8 +217,8 @@ class ChatScreen(Screen):
         if self.reply is not None:
             self.app.notify("A reply is still being written: Esc stops it.", severity="warning")
             return
-        try:
-            content = expand_attachments(text)
+        try:   # a paste or attachments longer than the context could hold stay unsent
+            content = check_prompt(expand_attachments(text), self.app.base_spec.n_ctx, "the message")
         except LocalspecError as err:
             self.show_notice(f"{err.title}: {err.cause}. {err.fix}")
             return

@@ -14,8 +14,9 @@ from localspec.app.settings import load_settings_or_default
 
 def run_chat(args: argparse.Namespace) -> int:
     with History.open() as history:
-        chat_app(args, history).run()
-    return 0
+        app = chat_app(args, history)
+        app.run()
+    return app.return_code or 0     # 128 + the signal when one ended it (tui/terminal.py)
 
 
 def chat_app(args: argparse.Namespace, history: History, *, settings_file: Path | None = None,

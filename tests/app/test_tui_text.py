@@ -22,7 +22,6 @@ def test_file_lines_become_fenced_blocks(tmp_path):
     (lambda d: d / "absent.py", "does not exist"),
     (lambda d: d, "not a regular file"),
     (lambda d: (d / "b.bin").write_bytes(b"ab\0cd") and d / "b.bin", "binary"),
-    (lambda d: (d / "l.txt").write_bytes(b"\xff\xfe latin") and d / "l.txt", "not UTF-8"),
     (lambda d: (d / "big.txt").write_text("x" * (MAX_FILE_BYTES + 1)) and d / "big.txt", "limit"),
 ])
 def test_unreadable_attachments_are_refused_with_the_reason(tmp_path, make, cause):
@@ -30,6 +29,11 @@ def test_unreadable_attachments_are_refused_with_the_reason(tmp_path, make, caus
     with pytest.raises(LocalspecError, match="Cannot attach") as err:
         expand_attachments(f"/file {path}")
     assert cause in err.value.cause and err.value.fix
+
+
+def test_invalid_utf8_in_an_attachment_becomes_replacement_characters(tmp_path):
+    (tmp_path / "l.txt").write_bytes(b"caf\xe9 latin\n")   # the one policy of app/inputs.py
+    assert "caf\ufffd latin" in expand_attachments("/file l.txt", cwd=tmp_path)
 
 
 def test_code_blocks():

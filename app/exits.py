@@ -1,0 +1,144 @@
+"""How a command ends: one place that turns whatever stops a command into an exit status and a
+message, so that no path ends in a raw traceback.
+
+* A LocalspecError (a cause the user can fix) prints title / cause / fix: exit 2.
+* Ctrl+C at any moment, model loading included, prints "interrupted": exit 130. llama.cpp calls
+  back into Python while it loads (its log), and a KeyboardInterrupt raised inside a ctypes
+  callback is printed as "Exception ignored" and dropped, after which the command would run to
+  its end and exit 0; such a dropped interrupt is delivered again until it lands in Python code.
+* A reader that leaves (`localspec generate … | head -c 5`) ends the command quietly (exit 0, as
+  when the output was wanted no further); a closed stdout/stderr at start is replaced by
+  /dev/null, so the descriptor is never reused for a file that output would then land in; what
+  the terminal's encoding cannot show is replaced.
+* An OSError the commands did not turn into a LocalspecError is the machine's (permissions, a
+  read-only or full disk): its one-line cause and a fix, exit 2. Running out of memory likewise.
+* Anything else is a bug: "this is a bug" with the one-line cause, exit 2. LOCALSPEC_DEBUG=1
+  prints the traceback as well, for a report.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from typing import Callable
+
+EXIT_ERROR = 2
+EXIT_INTERRUPTED = 130          # 128 + SIGINT, what shells report for Ctrl+C
+DEBUG_VAR = "LOCALSPEC_DEBUG"
+_REDELIVER_S = 0.02             # a dropped Ctrl+C is raised again this soon (and again if dropped)
+
+_OS_FIXES = {
+    errno.EACCES: "Give your user access to that path, or point localspec elsewhere "
+                  "(LOCALSPEC_DATA_DIR for its data)",
+    errno.EPERM: "Give your user access to that path, or point localspec elsewhere "
+                 "(LOCALSPEC_DATA_DIR for its data)",
+    errno.EROFS: "That file system is read-only: make it writable, or set LOCALSPEC_DATA_DIR "
+                 "to a writable folder",
+    errno.ENOSPC: "Free some disk space, then run the command again",
+    errno.EISDIR: "Pass a file there, not a folder",
+}
+
+
+def run_command(body: Callable[[], int]) -> int:
+    """Run a command's body and return its exit status, whatever ends it (the module docstring)."""
+    _prepare_std_streams()
+    sys.unraisablehook = _redeliver_interrupts(sys.unraisablehook)
+    try:
+        # first, so that llama.cpp loads before numpy; inside the guard, as a Ctrl+C may come
+        # while it loads
+        from localspec.engine.errors import LocalspecError
+        try:
+            return body()
+        except LocalspecError as err:
+            return _fail(err.render())
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)   # a second Ctrl+C while exiting: no traceback
+        _say("\ninterrupted")
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        _silence_stdout()
+        return 0
+    except MemoryError:
+        return _fail(_render("Out of memory", "the machine ran out of memory",
+                             "Close other programs, or use a smaller model, --ctx or input"))
+    except OSError as err:
+        where = f": '{err.filename}'" if err.filename else ""
+        return _fail(_render("System error", f"{err.strerror or err}{where}",
+                             _OS_FIXES.get(err.errno, "Check that path and its permissions, "
+                                                      "then run the command again")))
+    except Exception as err:   # the last resort this module exists for: a bug, said as one
+        if os.environ.get(DEBUG_VAR) == "1":
+            traceback.print_exc()
+        last = traceback.extract_tb(err.__traceback__)[-1:]
+        at = f" (at {os.path.basename(last[0].filename)}:{last[0].lineno})" if last else ""
+        return _fail(_render("Unexpected failure: this is a bug in localspec",
+                             f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}{at}",
+                             f"Run it again with {DEBUG_VAR}=1 for the traceback, and report it"))
+
+
+def _render(title: str, cause: str, fix: str) -> str:
+    return f"Error: {title}\n  cause: {cause}\n  fix:   {fix}"
+
+
+def _fail(message: str) -> int:
+    _say(message)
+    return EXIT_ERROR
+
+
+def _say(message: str) -> None:
+    try:
+        print(message, file=sys.stderr, flush=True)
+    except OSError:
+        pass   # stderr is gone too: the exit status is all that is left to say it
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so that flushing it at exit raises no second BrokenPipeError."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
+def _prepare_std_streams() -> None:
+    """Open /dev/null on a standard descriptor that was closed at start (`>&-`), and give Python a
+    stream for it: output goes nowhere instead of into whatever file would get that descriptor.
+    Text the terminal's encoding cannot show (a Latin-1 locale) is replaced, not an error."""
+    for fd, name, mode in ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w")):
+        try:
+            os.fstat(fd)
+        except OSError:
+            opened = os.open(os.devnull, os.O_RDONLY if mode == "r" else os.O_WRONLY)
+            if opened != fd:
+                os.dup2(opened, fd)
+                os.close(opened)
+            setattr(sys, name, open(fd, mode, encoding="utf-8", errors="replace", closefd=False))
+    sys.stdout.reconfigure(errors="replace")
+
+
+def _redeliver_interrupts(previous: Callable) -> Callable:
+    """An unraisable-exception hook that has a dropped KeyboardInterrupt raised again in the main
+    thread shortly after (by then the C call that called back into Python has returned, or it is
+    dropped and delivered again); any other unraisable exception goes to `previous`. The hook
+    only writes a byte to a pipe, so that a second Ctrl+C cannot land inside it."""
+    import _thread
+
+    wake_r, wake_w = os.pipe()
+
+    def redeliver() -> None:
+        while os.read(wake_r, 1):
+            time.sleep(_REDELIVER_S)
+            _thread.interrupt_main()
+
+    threading.Thread(target=redeliver, name="redeliver-interrupts", daemon=True).start()
+
+    def hook(unraisable) -> None:
+        if unraisable.exc_type is KeyboardInterrupt:
+            os.write(wake_w, b"!")
+            return
+        previous(unraisable)
+
+    return hook
