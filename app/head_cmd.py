@@ -3,7 +3,7 @@
 A head (engine/drafters/head.py) drafts from the target's own hidden state at a fraction of a
 target call. Training reads files the user names (their code, their notes): nothing leaves the
 machine. It wants a GPU: the target reads the text once, then the head trains for a few thousand
-steps (an H100: about a minute for a million tokens and 3000 steps).
+steps (how long that takes: docs/decisions/0011).
 """
 from __future__ import annotations
 

@@ -33,8 +33,9 @@ def main() -> None:
     head = DraftHead(args.head, args.model, n_embd=m.n_embd, vocab_size=m.vocab_size)
     chat = None
     if args.workload != "humaneval":
-        from localspec.engine.session import EngineConfig, Session
-        probe = Session(EngineConfig(args.model, speculation=False))
+        from localspec.engine.options import Options
+        from localspec.engine.session import Session
+        probe = Session(Options(args.model, speculation=False))
         chat = probe.chat_prompt
     prompts = workloads.build(args.workload, args.limit, lambda t: m.tokenize(t, special=False), chat)
     total = np.zeros(args.steps)

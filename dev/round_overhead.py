@@ -23,7 +23,8 @@ from localspec.engine.calibrate import Costs, read_json
 from localspec.engine.config import GenerationRequest, SamplingParams, TreeBudget
 from localspec.engine.decode import drain
 from localspec.engine.llama_model import LlamaModel
-from localspec.engine.session import EngineConfig, Session
+from localspec.engine.options import Options
+from localspec.engine.session import Session
 
 
 # the adaptive configuration's free drafters alone: what a GPU plays in nearly every round
@@ -111,8 +112,8 @@ def main() -> None:
     names = args.configs.split(",")
     costs = costs_of(args.bench_json)
     max_nodes = max(config(n).budget.max_nodes for n in names)
-    session = Session(EngineConfig(args.target, speculation=True, maxgram=False,
-                                   budget=TreeBudget(max_nodes=max_nodes)))
+    session = Session(Options(args.target, speculation=True, maxgram=False,
+                               budget=TreeBudget(max_nodes=max_nodes)))
     draft = LlamaModel(args.draft, n_ctx=4096, n_seq_max=max_nodes + 1,
                        n_pad_seqs=max(config(n).draft_limits.pad_rows for n in names) - 1)
     with tempfile.TemporaryDirectory() as scratch:

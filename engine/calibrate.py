@@ -7,13 +7,13 @@ a noisy neighbour). The curves are cached as JSON under the user data dir for 30
 model files (path, size, mtime), the offload, the thread count, the CPU and llama.cpp's build: a new
 machine or model measures again (`localspec calibrate --refresh` does it by hand).
 
-The curve decides which tree budgets the adaptive controller may try at all. A budget whose best
+The curve decides which tree budgets the adaptive policy may try at all. A budget whose best
 case loses to plain decoding is dropped: best case means every drafted token accepted along a
 chain as deep as the budget allows, with acceptance `OPTIMISTIC` per depth, against a verify cost
 of n + 1 tokens plus the draft's forwards. On a slow CPU, where each extra row costs a good part
 of a plain step, only small trees survive; on a GPU, where rows are nearly free, all of them do.
-What survives is then chosen online by measured throughput (`budget.py`). Why these constants:
-docs/decisions/0001, 0002, 0003, 0004, 0005.
+What survives is then chosen online by measured throughput (the bandit, `budget.py`). Why these
+constants: docs/decisions/0001, 0002, 0003, 0004, 0005.
 """
 from __future__ import annotations
 

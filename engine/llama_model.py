@@ -324,8 +324,8 @@ class LlamaModel:
         states llama.cpp outputs every row; the rows asked for are picked, a copy for a mask).
 
         llama_get_logits is called every time (it waits for the decode to finish); the numpy view
-        of its buffer is kept while the buffer stays where it is (building one costs ~50 µs,
-        2-3% of a plain step on an H200)."""
+        of its buffer is kept while the buffer stays where it is: building one per decode is a
+        measurable part of a plain step on a fast GPU (docs/decisions/0015)."""
         ptr = lc.llama_get_logits(self._ctx)
         key = (ctypes.cast(ptr, ctypes.c_void_p).value, self._n_outputs)
         view = self._logits_views.get(key)

@@ -26,7 +26,7 @@ EngineConfig = Options
 def draft_runs_in_torch(path: Path | None, torch_draft: bool = False) -> bool:
     """Whether the draft at `path` runs in PyTorch (a transformers folder always does, a .gguf
     when asked); if so torch is imported now, before any llama.cpp model loads: the order every
-    GPU measurement used (with the system libstdc++ preloaded, tools/gpu-env.sh)."""
+    GPU measurement used (with the system libstdc++ preloaded, dev/gpu-env.sh)."""
     if path is None or not (torch_draft or Path(path).expanduser().is_dir()):
         return False
     from . import torch_lm  # noqa: F401

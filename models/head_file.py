@@ -2,7 +2,7 @@
 
 Arrays: w_in [d, 2d], w1 [ff, d], w2 [d, ff], norm [d] (float16), vocab [V_sub] (target token ids,
 ascending, int32). meta: format, n_embd, the target's vocabulary size and file name, what it was
-trained on and how well it guessed (engine/drafters/head.py runs it, models/head_train.py writes
+trained on and how well it guessed (engine/drafters/head.py runs it, engine/head_train.py writes
 it). Reading needs numpy only, so `localspec head info` does not load torch.
 """
 from __future__ import annotations

@@ -8,13 +8,13 @@ tokens are fed again at the next root evaluation, together with the new root.
 
 On a GPU (`stable_shapes`) every forward has one shape, so that llama.cpp reuses its graph and
 ggml-cuda replays its CUDA graph: after any change of batch shape ggml-cuda runs two forwards
-uncaptured and captures again (H200, 0.5B draft: 1.17 ms a steady 1-token forward, ~4.4 ms one
-after a change). A linear draft decodes one token per forward, its root's catch-up too, token by
-token; a wider one pads every forward to `limits.pad_rows` rows (the padding goes in the
-context's padding sequences and is removed at once). Rows are not free there: a padded 3-row
-forward took 1.55 ms, 8 rows 2.06 ms, 12 rows 3.68 ms (dev/cuda_graph_probe.py). With a
-llama.cpp that keeps a CUDA graph per shape (packaging/patches; `Costs.cheap_switch`) the session
-sets `pad` to 0 and the draft's batches take whatever size they need.
+uncaptured and captures again, which costs several steady forwards. A linear draft decodes one
+token per forward, its root's catch-up too, token by token; a wider one pads every forward to
+`limits.pad_rows` rows (the padding goes in the context's padding sequences and is removed at
+once). Rows are not free there, so the padding is the least that keeps one shape. With a
+llama.cpp that keeps a CUDA graph per shape (packaging/patches; `Costs.cheap_switch`) the builder
+passes `stable_shapes=False` and the draft's batches take whatever size they need. The figures:
+docs/decisions/0008.
 """
 from __future__ import annotations
 
