@@ -15,7 +15,7 @@ if TYPE_CHECKING:   # only named: the events load nothing native (numpy), wherev
     from .stats import DecodeStats
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Round:
     """What one round made final. `text` is the text now certain ("" while a stop string or a
     UTF-8 character may still be forming; it may also release earlier rounds' held-back text);
@@ -28,7 +28,7 @@ class Round:
     sources: tuple[str, ...]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Generation:
     """A finished generation; `text` and `tokens` exclude the prompt, `text` is the Rounds' texts
     joined and `tokens`/`sources` theirs concatenated."""
@@ -40,7 +40,7 @@ class Generation:
     sources: list[str]               # per token: the drafter that proposed it, or "target"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Finished:
     """The last event of every generation."""
 
