@@ -99,7 +99,7 @@ def read_piped(stdin: TextIO, n_ctx: int) -> str | None:
 
 def cmd_ask(args: argparse.Namespace) -> int:
     from localspec.app.cli import write_flushed
-    from localspec.engine.decode import drain
+    from localspec.engine.generation import finish
     from localspec.engine.session import Session
 
     flags = given(args)   # a bad value is refused before stdin is read
@@ -112,7 +112,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
     session = Session(resolved(p.options))
     try:
         stream = session.generate(session.chat_prompt(p.messages))
-        result = drain(stream, write_flushed)   # a reader that leaves (`| head`): app/exits.py
+        result = finish(stream, write_flushed)   # a reader that leaves (`| head`): app/exits.py
         if not result.text.endswith("\n"):
             sys.stdout.write("\n")
         sys.stdout.flush()

@@ -27,9 +27,10 @@ from localspec.engine.config import (
     TreeBudget,
 )
 from localspec.engine.build import new_engine
-from localspec.engine.decode import Engine, Generation, drain
+from localspec.engine.decode import Engine
 from localspec.engine.drafters import registry
 from localspec.engine.errors import LocalspecError
+from localspec.engine.generation import Generation, finish
 from localspec.engine.llama_model import LlamaModel, default_threads, gpu_offload_supported
 from localspec.engine.native import TILED_MIN
 from localspec.engine.numerics import first_difference, top2_gap
@@ -227,7 +228,7 @@ def run_bench(target: Path, draft: Path | None, prompts: Sequence[Prompt], names
             plain_tokens = None
             for name, engine in engines.items():
                 request = GenerationRequest(prompt.tokens, max_tokens, sampling)
-                gen = drain(engine.generate(request))
+                gen = finish(engine.generate(request))
                 if name == "plain":
                     plain_tokens = gen.tokens
                     results[name].add(gen, None, None)

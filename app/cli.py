@@ -112,14 +112,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
         raise LocalspecError("Empty prompt", "no prompt argument and nothing on stdin",
                              'Pass a prompt: localspec generate "..." --model M, or pipe one in')
     from localspec.engine import native  # noqa: F401  (first: llama.cpp before numpy, engine/native.py)
-    from localspec.engine.decode import drain
+    from localspec.engine.generation import finish
 
     session = _open_session(options)
     try:
         tokens = (session.raw_prompt(prompt) if args.raw
                   else session.chat_prompt([{"role": "user", "content": prompt}]))
         stream = session.generate(tokens, stop=[inputs.argument(s) for s in args.stop])
-        result = drain(stream, None if args.json else write_flushed)
+        result = finish(stream, None if args.json else write_flushed)
         if args.json:
             json.dump({"text": result.text, "tokens": result.tokens,
                        "finish_reason": result.finish_reason, "stats": result.stats.to_dict()},

@@ -24,6 +24,7 @@ from typing import IO
 from localspec.engine.native import gpu_name  # first: llama.cpp before numpy/torch (engine/native.py)
 from localspec.engine.config import SamplingParams
 from localspec.engine.errors import LocalspecError
+from localspec.engine.generation import Finished, Round
 from localspec.engine.options import Options, check_values, sampling_of
 from localspec.engine.session import Session
 
@@ -118,34 +119,34 @@ class Server:
                 sampling, max_tokens)
 
     def _stream(self, rid: str, tokens: list[int], sampling: SamplingParams, max_tokens: int) -> None:
+        """Send a Token per round whose text is final (the tokens of rounds whose text is still
+        held back travel with the next text, so a Token's pieces can be cut by token), then Done."""
         t0 = time.perf_counter()
-        pending: tuple[list[int], list[str]] = ([], [])
-
-        def observer(toks: list[int], sources: list[str]) -> None:
-            pending[0].extend(toks)
-            pending[1].extend(sources)
+        pending_tokens: list[int] = []
+        pending_sources: list[str] = []
 
         def flush(text: str) -> None:
-            pieces = split_by_source(text, pending[0], self.session.model.piece)
-            self.send(Token(rid, text, list(pending[0]), list(pending[1]), pieces))
-            pending[0].clear()
-            pending[1].clear()
+            pieces = split_by_source(text, pending_tokens, self.session.model.piece)
+            self.send(Token(rid, text, list(pending_tokens), list(pending_sources), pieces))
+            pending_tokens.clear()
+            pending_sources.clear()
 
-        # A stop is asked for between rounds: the engine ends there and returns its statistics.
+        # A stop is asked for between rounds: the engine ends there and finishes with its statistics.
         stream = self.session.generate(tokens, max_tokens=max_tokens, sampling=sampling,
-                                       observer=observer, should_stop=lambda: self.inbox.stopped(rid))
-        while True:
-            try:
-                piece = next(stream)
-            except StopIteration as end:
-                result = end.value
-                break
-            flush(piece)
-        if pending[0]:
-            flush("")
-        stats = stats_dict(result.stats)
-        stats["wall_seconds"] = round(time.perf_counter() - t0, 4)
-        self.send(Done(rid, result.finish_reason, result.text, stats))
+                                       should_stop=lambda: self.inbox.stopped(rid))
+        for event in stream:
+            match event:
+                case Round(text=text, tokens=toks, sources=sources):
+                    pending_tokens.extend(toks)
+                    pending_sources.extend(sources)
+                    if text:
+                        flush(text)
+                case Finished(generation=result):
+                    if pending_tokens:
+                        flush("")
+                    stats = stats_dict(result.stats)
+                    stats["wall_seconds"] = round(time.perf_counter() - t0, 4)
+                    self.send(Done(rid, result.finish_reason, result.text, stats))
 
 
 def stats_dict(stats) -> dict:

@@ -10,10 +10,12 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import TextIO
+from typing import Iterator, TextIO
 
 from localspec.engine.config import SamplingParams
+from localspec.engine.generation import Event, finish
 from localspec.engine.session import Session
+from localspec.engine.stats import DecodeStats
 
 from .inputs import read_line
 
@@ -45,22 +47,30 @@ def chat_loop(session: Session, sampling: SamplingParams, max_tokens: int,
             print(last_stats.summary() if last_stats else "(no reply yet)", file=stdout)
             continue
         history.append({"role": "user", "content": text})
-        reply = ""
         stream = session.generate(session.chat_prompt(history), max_tokens=max_tokens, sampling=sampling)
-        try:
-            while True:
-                try:
-                    piece = next(stream)
-                except StopIteration as done:
-                    last_stats = done.value.stats
-                    break
-                reply += piece
-                stdout.write(piece)
-                stdout.flush()
-        except KeyboardInterrupt:
-            stream.close()
-            reply += " [stopped]"
-            stdout.write(" [stopped]")
+        reply, stats = stream_reply(stream, stdout)
+        if stats is not None:
+            last_stats = stats
         history.append({"role": "assistant", "content": reply})
         session.learn(conversation, session.chat_prompt(history))   # the personal drafter learns
         stdout.write("\n")
+
+
+def stream_reply(stream: Iterator[Event], stdout: TextIO) -> tuple[str, DecodeStats | None]:
+    """Write a reply to `stdout` as it streams; (the reply, its statistics). Ctrl-C stops it
+    there and keeps the part already shown, marked " [stopped]", without statistics."""
+    pieces: list[str] = []
+
+    def show(piece: str) -> None:
+        pieces.append(piece)
+        stdout.write(piece)
+        stdout.flush()
+
+    try:
+        stats = finish(stream, show).stats
+    except KeyboardInterrupt:
+        stream.close()
+        pieces.append(" [stopped]")
+        stdout.write(" [stopped]")
+        stats = None
+    return "".join(pieces), stats

@@ -21,7 +21,7 @@ from localspec.app.bench import CONFIGS, BenchConfig, _engines, config, open_ngr
 from localspec.app.workloads import build
 from localspec.engine.calibrate import Costs, read_json
 from localspec.engine.config import GenerationRequest, SamplingParams, TreeBudget
-from localspec.engine.decode import drain
+from localspec.engine.generation import finish
 from localspec.engine.llama_model import LlamaModel
 from localspec.engine.options import Options
 from localspec.engine.session import Session
@@ -132,7 +132,7 @@ def main() -> None:
                 request = GenerationRequest(prompt.tokens, args.max_tokens, sampling)
                 if name == args.profile:
                     profile.enable()
-                gen = drain(engine.generate(request))
+                gen = finish(engine.generate(request))
                 if name == args.profile:
                     profile.disable()
                 t = totals[name]

@@ -11,7 +11,6 @@ a tree of just the root, one token per call, so both modes share every line of t
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
 import numpy as np
@@ -19,6 +18,7 @@ import numpy as np
 from .config import GenerationRequest, SamplingParams
 from .drafters.base import Drafter
 from .errors import LocalspecError, vocab_mismatch
+from .generation import Event, Finished, Generation, Round
 from .policy import Plan, Policy
 from .stats import DecodeStats, StageStats
 from .target import Target
@@ -26,28 +26,6 @@ from .text import TextStream
 from .timing import Stopwatch
 from .tree import DraftTree
 from .verify import greedy_walk, sample_walk
-
-
-@dataclass
-class Generation:
-    """What a finished generation returns; `text` and `tokens` exclude the prompt."""
-
-    text: str = ""
-    tokens: list[int] = field(default_factory=list)
-    finish_reason: str = ""          # "stop" (EOS or stop string), "length", "context"
-    stats: DecodeStats | None = None
-    sources: list[str] = field(default_factory=list)   # per token: the drafter that proposed it, or "target"
-
-
-def drain(stream: Iterator[str], on_piece: Callable[[str], None] | None = None) -> Generation:
-    """Run a generation stream to its end, handing each text piece to `on_piece`; its Generation."""
-    while True:
-        try:
-            piece = next(stream)
-        except StopIteration as stop:
-            return stop.value
-        if on_piece is not None:
-            on_piece(piece)
 
 
 class Engine:
@@ -71,21 +49,20 @@ class Engine:
         self._ordered = DraftTree(capacity) if target.exact and likeliest_first else None
 
     def generate(self, request: GenerationRequest,
-                 observer: Callable[[list[int], list[str]], None] | None = None,
-                 should_stop: Callable[[], bool] | None = None) -> Iterator[str]:
-        """Stream text pieces; the generator's return value is the Generation.
+                 should_stop: Callable[[], bool] | None = None) -> Iterator[Event]:
+        """Stream a Round for each round that made text or tokens final, then one Finished with
+        the Generation (generation.py).
 
-        observer, when given, is called once per round before that round's text is yielded, with
-        the round's emitted tokens and, for each, the name of the drafter that proposed it
-        ("target" for the token the target chose itself): what an app colours tokens by.
         should_stop, when given, is asked before each round; True ends the generation there with
-        finish_reason "stopped" (text held back for a possible stop string is released), and the
-        Generation keeps its statistics."""
+        finish_reason "stopped" (text held back for a possible stop string is released as a last
+        Round), and the Generation keeps its statistics."""
         prompt = list(request.tokens)
         if not prompt:
             raise LocalspecError("Empty prompt", "the prompt has no tokens", "Pass some text")
         stats = DecodeStats(stages=[StageStats(d.name) for d in self.stages], prompt_tokens=len(prompt))
-        result = Generation(stats=stats)
+        texts: list[str] = []
+        tokens: list[int] = []
+        sources: list[str] = []
         sampling = request.sampling
         rng = np.random.default_rng(sampling.seed)
         stream = TextStream(self.target.model.piece, request.stop)
@@ -99,14 +76,14 @@ class Engine:
         root = prompt[-1]
         while True:
             if self.target.room < 2:
-                result.finish_reason = "context"
+                finish_reason = "context"
                 break
             if should_stop is not None and should_stop():
-                result.finish_reason = "stopped"
+                finish_reason = "stopped"
                 tail = stream.flush()
                 if tail:
-                    result.text += tail
-                    yield tail
+                    texts.append(tail)
+                    yield Round(tail, (), ())
                 break
             watch.start()
             plan = self.policy.plan(min(self.target.room, self._tree.capacity) - 1)
@@ -124,14 +101,11 @@ class Engine:
             watch.lap("commit")
             stats.record_round(tree, walk.path)
             new = [int(tree.tokens[n]) for n in walk.path] + [walk.token]   # the round's tokens
-            text, emitted, reason = self._emit(new, result, stream, request.max_tokens)
-            if emitted:
-                names = [self.stages[int(tree.drafter[n])].name for n in walk.path[:emitted]]
-                names += ["target"] * (emitted - len(names))
-                result.sources += names
-                if observer is not None:
-                    observer(result.tokens[-emitted:], names)
-            stats.tokens = len(result.tokens)
+            text, emitted, reason = self._emit(new, tokens, stream, request.max_tokens)
+            names = [self.stages[int(tree.drafter[n])].name for n in walk.path[:emitted]]
+            names += ["target"] * (emitted - len(names))                   # [emitted] proposers
+            sources += names
+            stats.tokens = len(tokens)
             stats.drafted_tokens += min(len(walk.path), emitted)
             for d in self.stages:
                 d.accept(new)
@@ -139,15 +113,15 @@ class Engine:
             watch.lap("accept")
             if reason:
                 text += stream.flush()
-            if text:
-                result.text += text
-                yield text
+            if emitted or text:
+                texts.append(text)
+                yield Round(text, tuple(new[:emitted]), tuple(names))
             if reason:
-                result.finish_reason = reason
+                finish_reason = reason
                 break
             root = walk.token
         stats.budget = self.policy.summary()
-        return result
+        yield Finished(Generation("".join(texts), tokens, finish_reason, stats, sources))
 
     def _propose(self, root: int, plan: Plan, sampling: SamplingParams,
                  rng: np.random.Generator) -> DraftTree:
@@ -190,17 +164,18 @@ class Engine:
         if learnt.get("stages") == [d.name for d in self.stages]:
             self.policy.resume(learnt)
 
-    def _emit(self, new: list[int], result: Generation, stream: TextStream,
+    def _emit(self, new: list[int], tokens: list[int], stream: TextStream,
               max_tokens: int) -> tuple[str, int, str]:
-        """Append committed tokens to the result until a stop; (text, tokens emitted, reason)."""
+        """Append committed tokens to the generation's `tokens` until a stop; (text, tokens
+        emitted, reason)."""
         out: list[str] = []
         for n, token in enumerate(new):
             if self.target.model.is_eog(token):
                 return "".join(out), n, "stop"
-            result.tokens.append(token)
+            tokens.append(token)
             out.append(stream.feed(token))
             if stream.stopped:
                 return "".join(out), n + 1, "stop"
-            if len(result.tokens) >= max_tokens:
+            if len(tokens) >= max_tokens:
                 return "".join(out), n + 1, "length"
         return "".join(out), len(new), ""

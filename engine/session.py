@@ -1,6 +1,7 @@
 """A loaded target with its stages, reusable across generations: the library's entry point.
 
     session = Session(Options("target.gguf", draft="draft.gguf"))
+    reply = session.run(session.raw_prompt("def add(a, b):"))   # or stream session.generate's events
 
 `Options`' defaults are what `localspec generate` runs (engine/options.py); engine/build.py loads
 the models and builds the stages, costs and engine. The session turns user input (chat messages,
@@ -16,7 +17,7 @@ from .build import build, check_head_path, load_head  # noqa: F401  (load_head, 
 from .calibrate import write_json
 from .chat import render_chat
 from .config import GenerationRequest, SamplingParams
-from .decode import Generation, drain
+from .generation import Event, Generation, finish
 from .options import Options
 
 # The options' former name, kept for the library API.
@@ -60,19 +61,18 @@ class Session:
 
     def generate(self, tokens: Sequence[int], *, max_tokens: int | None = None,
                  sampling: SamplingParams | None = None, stop: Sequence[str] = (),
-                 observer: Callable[[list[int], list[str]], None] | None = None,
-                 should_stop: Callable[[], bool] | None = None) -> Iterator[str]:
-        """Stream text pieces (see Engine.generate for observer and should_stop); the return value
-        is the Generation. max_tokens and sampling default to the options'."""
+                 should_stop: Callable[[], bool] | None = None) -> Iterator[Event]:
+        """Stream Rounds, then one Finished with the Generation (see Engine.generate for
+        should_stop). max_tokens and sampling default to the options'."""
         request = GenerationRequest(tuple(tokens),
                                     self.cfg.max_tokens if max_tokens is None else max_tokens,
                                     self.cfg.sampling if sampling is None else sampling, tuple(stop))
-        return self.engine.generate(request, observer, should_stop)
+        return self.engine.generate(request, should_stop)
 
     def run(self, tokens: Sequence[int], *, max_tokens: int | None = None,
             sampling: SamplingParams | None = None, stop: Sequence[str] = ()) -> Generation:
         """Generate to the end without streaming."""
-        return drain(self.generate(tokens, max_tokens=max_tokens, sampling=sampling, stop=stop))
+        return finish(self.generate(tokens, max_tokens=max_tokens, sampling=sampling, stop=stop))
 
     def learn(self, conversation_id: str, tokens: Sequence[int]) -> None:
         """Feed a finished exchange (the whole conversation's tokens) to the personal drafter."""

@@ -9,7 +9,7 @@ from localspec.engine.budget import AdaptiveBudget
 from localspec.engine.calibrate import Costs
 from localspec.engine.config import TreeBudget
 from localspec.engine.config import DraftLimits
-from localspec.engine.decode import drain
+from localspec.engine.generation import Finished, Round, finish
 from localspec.engine.session import EngineConfig, Session
 from localspec.engine.shapes import Shapes
 
@@ -104,17 +104,19 @@ def test_speculative_greedy_equals_plain(tiny, plain, name, tmp_path, monkeypatc
     assert accepted > 0, f"{name}: no drafted token was ever accepted"
 
 
-def test_observer_sees_every_emitted_token_with_its_source(tiny, plain):
+def test_rounds_carry_every_emitted_token_with_its_source(tiny, plain):
     session = Session(EngineConfig(tiny.target_gguf, draft=tiny.draft_gguf, n_ctx=512, n_threads=1,
                                    personal=False, budget=TreeBudget(max_nodes=8)))
     plain_session, outputs = plain
-    seen_tokens, seen_sources = [], []
     try:
         tokens, expect = outputs[PROMPTS[0]]
-        result = drain(session.generate(tokens, max_tokens=MAX_TOKENS,
-                                        observer=lambda t, s: (seen_tokens.extend(t), seen_sources.extend(s))))
+        *rounds, finished = session.generate(tokens, max_tokens=MAX_TOKENS)
     finally:
         session.close()
+    assert all(isinstance(r, Round) for r in rounds) and isinstance(finished, Finished)
+    result = finished.generation
+    seen_tokens = [t for r in rounds for t in r.tokens]
+    seen_sources = [s for r in rounds for s in r.sources]
     assert seen_tokens == result.tokens == expect
     assert seen_sources == result.sources
     assert set(seen_sources) <= {"maxgram", "target", session.stages[-1].name}
@@ -151,11 +153,13 @@ def test_should_stop_ends_at_a_round_with_statistics(tiny, plain):
     session = Session(EngineConfig(tiny.target_gguf, draft=tiny.draft_gguf, n_ctx=512, n_threads=1,
                                    budget=TreeBudget(max_nodes=8)))
     plain_session, outputs = plain
-    rounds = []
+    events = []
     try:
         tokens, expect = outputs[PROMPTS[0]]
-        result = drain(session.generate(tokens, max_tokens=MAX_TOKENS, observer=lambda t, s: rounds.append(t),
-                                        should_stop=lambda: len(rounds) >= 2))
+        # every round of this prompt emits a token, so two events are two rounds
+        for event in session.generate(tokens, max_tokens=MAX_TOKENS, should_stop=lambda: len(events) >= 2):
+            events.append(event)
+        result = finish(iter(events))
         assert result.finish_reason == "stopped"
         assert result.stats.target_calls == 2 and result.stats.tokens == len(result.tokens)
         assert result.tokens == expect[:len(result.tokens)] and 0 < len(result.tokens) < len(expect)

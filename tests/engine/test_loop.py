@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 from localspec.engine.calibrate import Costs
 from localspec.engine.config import GenerationRequest, TreeBudget
-from localspec.engine.decode import Engine, drain
+from localspec.engine.decode import Engine
+from localspec.engine.generation import finish
 from localspec.engine.policy import HOLD, make_policy
 from localspec.engine.session import EngineConfig, Session
 from localspec.engine.shapes import BUCKET_SIZES, Shapes
@@ -40,7 +41,7 @@ def test_rounds_keep_their_modes_rules(tiny, mode):
         generations = []
         for text in PROMPTS:
             tokens = plain.raw_prompt(text)
-            got = drain(engine.generate(GenerationRequest(tuple(tokens), MAX_TOKENS)))
+            got = finish(engine.generate(GenerationRequest(tuple(tokens), MAX_TOKENS)))
             assert got.tokens == plain.run(tokens, max_tokens=MAX_TOKENS).tokens
             assert len(rounds) == got.stats.target_calls
             generations.append(rounds[:])
