@@ -59,8 +59,8 @@ TILED_FROM = 8        # ggml's own floor for its tiled K-quant matmul (packaging
 
 @dataclass(frozen=True)
 class Step:
-    """One measurement of a calibration, announced as it starts: `what` is timed ("target, 4
-    rows", "draft, 2 rows", "tiled matmul floor, 9 rows", "batch-shape change"), step `step`
+    """One measurement of a calibration, announced as it starts: `what` is timed ("target 4
+    rows", "draft 2 rows", "tiled matmul floor at 9 rows", "batch-shape change"), step `step`
     (1-based) of the `total` this calibration takes."""
 
     what: str
@@ -209,7 +209,7 @@ def tiled_floor(target: LlamaModel, tiled: dict[int, float],
     big = _tiled_sizes(tiled)
     if not big:
         return TILED_FROM, tiled
-    announce = None if step is None else (lambda _, n: step(f"tiled matmul floor, {_rows(n)}"))
+    announce = None if step is None else (lambda _, n: step(f"tiled matmul floor at {_rows(n)}"))
     with switches({TILED_MIN: str(1 << 30)}):
         rows = measure([target], [big], announce=announce)[0]
     floor = next((s for s in big if all(tiled[n] <= rows[n] for n in big if n >= s)), big[-1] + 1)
@@ -374,7 +374,7 @@ def calibrate(target: LlamaModel, draft: LlamaModel | None, max_nodes: int,
                   + (_SWITCH_PAIRS if measure_shape else 0))
     if curves is None:
         curves, data = _measured(models, wanted, path,
-                                 lambda i, n: step(f"{names[i]}, {_rows(n)}"))
+                                 lambda i, n: step(f"{names[i]} {_rows(n)}"))
     if steer:
         floor = data.get("tiled_min")
         if measure_floor:

@@ -25,9 +25,10 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, Input, Label, ListItem, ListView, Static
 
-from localspec.app.engine_proc import Crashed, Done, Error, Ready, Token
+from localspec.app.engine_proc import Calibrating, Crashed, Done, Error, Ready, Token
 from localspec.app.history import DEFAULT_TITLE, Conversation, History, Message
 from localspec.app.inputs import check_prompt
+from localspec.app.progress import measuring_text
 from localspec.engine.errors import LocalspecError
 
 from .attach import code_blocks, expand_attachments
@@ -324,7 +325,10 @@ class ChatScreen(Screen):
 
     # ---- engine events ------------------------------------------------------------------------
     async def on_engine_event(self, event) -> None:
-        if isinstance(event, Ready):
+        if isinstance(event, Calibrating):   # a first run measures this machine before Ready
+            self.engine_state = measuring_text(event.what, event.step, event.total)
+            self.refresh_status()
+        elif isinstance(event, Ready):
             self.ready, self.engine_state = event, ""
             self.show_notice("")
             self.refresh_status()

@@ -135,10 +135,10 @@ def test_a_first_calibration_announces_every_step_in_order(tiny, monkeypatch, tm
     sizes = sorted({n for n in cal.SIZES if n <= 10} | {10})           # a full tree and its padding
     rows = [cal._rows(n) for n in sizes]
     draft_rows = [cal._rows(n) for n in cal.DRAFT_SIZES]
-    expect = [f"target, {r}" for r in rows] + [f"draft, {r}" for r in draft_rows]
+    expect = [f"target {r}" for r in rows] + [f"draft {r}" for r in draft_rows]
     expect = expect * cal._REPS                                        # the models take turns
     if has_tiled_min_switch() and not exact_in_process():
-        expect += [f"tiled matmul floor, {cal._rows(n)}" for n in sizes if n >= cal.TILED_FROM] * cal._REPS
+        expect += [f"tiled matmul floor at {cal._rows(n)}" for n in sizes if n >= cal.TILED_FROM] * cal._REPS
     assert [s.what for s in steps] == expect
     again: list[cal.Step] = []
     Session(cfg, progress=again.append).close()
