@@ -149,11 +149,13 @@ class Server:
 
 
 def stats_dict(stats) -> dict:
-    """DecodeStats.to_dict() plus "plain_tok_s": the adaptive budget's measured plain rate."""
+    """DecodeStats.to_dict() plus "plain_tok_s" and "plain_rounds": the adaptive budget's measured
+    plain rate and the rounds it rests on (the chat shows a speed-up only on enough of them)."""
     out = stats.to_dict()
     plain = out.get("budget", {}).get("0")
     if plain and plain.get("rounds") and plain.get("tok_s"):
         out["plain_tok_s"] = plain["tok_s"]
+        out["plain_rounds"] = plain["rounds"]
     return out
 
 

@@ -74,8 +74,8 @@ class Token:
 @dataclass(frozen=True)
 class Done:
     """finish_reason: "stop" | "length" | "context" | "stopped". stats: DecodeStats.to_dict() plus
-    "wall_seconds", and "plain_tok_s" when the adaptive budget measured plain decoding (a stopped
-    generation ends at a round boundary and keeps its statistics too)."""
+    "wall_seconds", and "plain_tok_s" / "plain_rounds" when the adaptive budget measured plain
+    decoding (a stopped generation ends at a round boundary and keeps its statistics too)."""
 
     request_id: str
     finish_reason: str
