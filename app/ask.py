@@ -102,6 +102,8 @@ def cmd_ask(args: argparse.Namespace) -> int:
     from localspec.engine.generation import finish
     from localspec.engine.session import Session
 
+    from .progress import terminal_progress
+
     flags = given(args)   # a bad value is refused before stdin is read
     n_ctx = flags.get("ctx", Options.n_ctx)
     if args.question is not None:   # argv's surrogate escapes as U+FFFD, the size bounded
@@ -109,7 +111,8 @@ def cmd_ask(args: argparse.Namespace) -> int:
     if args.system is not None:
         args.system = inputs.check_prompt(inputs.argument(args.system), n_ctx, "the system prompt")
     p = plan(args, read_piped(sys.stdin, n_ctx))
-    session = Session(resolved(p.options))
+    with terminal_progress(sys.stderr) as progress:   # a first run measures this machine
+        session = Session(resolved(p.options), progress)
     try:
         stream = session.generate(session.chat_prompt(p.messages))
         result = finish(stream, write_flushed)   # a reader that leaves (`| head`): app/exits.py

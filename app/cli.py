@@ -63,9 +63,13 @@ def run_options(args: argparse.Namespace):
 
 
 def _open_session(options):
+    """The session, a first calibration's progress shown on stderr when it is a terminal."""
     from localspec.engine.session import Session
 
-    return Session(options)
+    from .progress import terminal_progress
+
+    with terminal_progress(sys.stderr) as progress:
+        return Session(options, progress)
 
 
 def _add_chat(sub: argparse._SubParsersAction) -> None:
@@ -244,6 +248,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from localspec.engine.llama_model import LlamaModel
     from localspec.engine.native import TILED_MIN
 
+    from .progress import terminal_progress
+
     options = run_options(args)
     model, draft, head_file = options.model, options.draft, options.head
     nodes = options.budget.max_nodes
@@ -257,7 +263,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     try:
         if draft is not None and draft.suffix == ".gguf":
             drafter = LlamaModel(draft, n_ctx=options.n_ctx, n_seq_max=2, n_gpu_layers=options.n_gpu_layers)
-        costs = calibrate(target, drafter, nodes, refresh=args.refresh)
+        with terminal_progress(sys.stderr) as progress:
+            costs = calibrate(target, drafter, nodes, refresh=args.refresh, progress=progress)
         if head_file is not None:
             from localspec.engine.drafters.head import head_costs
             costs = head_costs(costs, load_head(head_file, target))

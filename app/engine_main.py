@@ -22,13 +22,14 @@ import time
 from typing import IO
 
 from localspec.engine.native import gpu_name  # first: llama.cpp before numpy/torch (engine/native.py)
+from localspec.engine.calibrate import Step
 from localspec.engine.config import SamplingParams
 from localspec.engine.errors import LocalspecError
 from localspec.engine.generation import Finished, Round
 from localspec.engine.options import Options, check_values, sampling_of
 from localspec.engine.session import Session
 
-from .engine_proc import Done, Error, Ready, Token, encode_event
+from .engine_proc import Calibrating, Done, Error, Ready, Token, encode_event
 from .run_options import resolved
 
 
@@ -72,8 +73,7 @@ class Server:
         self.session, self.inbox, self.out = session, inbox, out
 
     def send(self, event: Ready | Token | Done | Error) -> None:
-        self.out.write(encode_event(event) + "\n")
-        self.out.flush()
+        write_event(self.out, event)
 
     def serve(self) -> None:
         while (request := self.inbox.get()) is not None:
@@ -150,11 +150,13 @@ class Server:
 
 
 def stats_dict(stats) -> dict:
-    """DecodeStats.to_dict() plus "plain_tok_s": the adaptive budget's measured plain rate."""
+    """DecodeStats.to_dict() plus "plain_tok_s" and "plain_rounds": the adaptive budget's measured
+    plain rate and the rounds it rests on (the chat shows a speed-up only on enough of them)."""
     out = stats.to_dict()
     plain = out.get("budget", {}).get("0")
     if plain and plain.get("rounds") and plain.get("tok_s"):
         out["plain_tok_s"] = plain["tok_s"]
+        out["plain_rounds"] = plain["rounds"]
     return out
 
 
@@ -195,8 +197,17 @@ def _check_messages(messages: object) -> list[dict]:
     return [{"role": m["role"], "content": m["content"]} for m in messages]
 
 
-def open_session(spec: Options) -> Session:
-    return Session(resolved(spec))
+def write_event(out: IO[str], event: Calibrating | Ready | Token | Done | Error) -> None:
+    out.write(encode_event(event) + "\n")
+    out.flush()
+
+
+def open_session(spec: Options, out: IO[str]) -> Session:
+    """The session `spec` asks for; a first calibration's steps go to the UI as they start."""
+    def progress(step: Step) -> None:
+        write_event(out, Calibrating(step.what, step.step, step.total))
+
+    return Session(resolved(spec), progress)
 
 
 def ready_event(session: Session) -> Ready:
@@ -232,10 +243,9 @@ def main() -> int:
     if first is None or first.get("op") != "open":
         return 0   # the parent went away (or closed) before opening an engine
     try:
-        session = open_session(Options.from_json(first["spec"]))
+        session = open_session(Options.from_json(first["spec"]), out)
     except LocalspecError as err:
-        out.write(encode_event(Error(None, err.title, err.cause, err.fix)) + "\n")
-        out.flush()
+        write_event(out, Error(None, err.title, err.cause, err.fix))
         return 0
     server = Server(session, inbox, out)
     try:

@@ -51,6 +51,16 @@ class Ready:
 
 
 @dataclass(frozen=True)
+class Calibrating:
+    """Before Ready, on a first run on this machine: the engine is timing batches
+    (engine/calibrate.Step): `what` ("target 4 rows"), step `step` of `total`."""
+
+    what: str
+    step: int
+    total: int
+
+
+@dataclass(frozen=True)
 class Token:
     """One round's emitted tokens and the text they completed (text may be "" mid-character)."""
 
@@ -64,8 +74,8 @@ class Token:
 @dataclass(frozen=True)
 class Done:
     """finish_reason: "stop" | "length" | "context" | "stopped". stats: DecodeStats.to_dict() plus
-    "wall_seconds", and "plain_tok_s" when the adaptive budget measured plain decoding (a stopped
-    generation ends at a round boundary and keeps its statistics too)."""
+    "wall_seconds", and "plain_tok_s" / "plain_rounds" when the adaptive budget measured plain
+    decoding (a stopped generation ends at a round boundary and keeps its statistics too)."""
 
     request_id: str
     finish_reason: str
@@ -109,16 +119,17 @@ class Crashed:
         return f"{how} ({self.cause})" if self.cause else how
 
 
-Event = Union[Ready, Token, Done, Error, Crashed]
-_WIRE: dict[str, type] = {"ready": Ready, "token": Token, "done": Done, "error": Error}
+Event = Union[Calibrating, Ready, Token, Done, Error, Crashed]
+_WIRE: dict[str, type] = {"calibrating": Calibrating, "ready": Ready, "token": Token, "done": Done,
+                          "error": Error}
 
 
-def encode_event(event: Ready | Token | Done | Error) -> str:
+def encode_event(event: Calibrating | Ready | Token | Done | Error) -> str:
     kind = next(k for k, cls in _WIRE.items() if cls is type(event))
     return json.dumps({"event": kind, **asdict(event)})
 
 
-def decode_event(line: str) -> Ready | Token | Done | Error:
+def decode_event(line: str) -> Calibrating | Ready | Token | Done | Error:
     data = json.loads(line)
     cls = _WIRE[data.pop("event")]
     return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
@@ -151,7 +162,8 @@ class EngineProcess:
 
     # ---- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
-        """Spawn the engine and return at once; Ready, or Error(None, ...) / Crashed, follows."""
+        """Spawn the engine and return at once; Ready, or Error(None, ...) / Crashed, follows
+        (Calibrating before Ready while a first run measures this machine)."""
         if self._child is not None and self._child.proc.poll() is None:
             raise RuntimeError("the engine process is already running")
         self._closed = False

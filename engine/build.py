@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .calibrate import Costs, calibrate, learnt_path, read_json
+from .calibrate import Costs, Progress, calibrate, learnt_path, read_json
 from .config import TreeBudget
 from .decode import Engine
 from .drafters import registry
@@ -97,9 +97,10 @@ def new_engine(target: Target, stages: list[Drafter], budget: TreeBudget, costs:
     return Engine(target, stages, make_policy(budget, stages, costs, offloaded=offloaded))
 
 
-def build(options: Options) -> Built:
+def build(options: Options, progress: Progress | None = None) -> Built:
     """Load and build everything `options` asks for. model and draft must be paths (the app
-    resolves installed models' names first); LocalspecError for what the user can fix."""
+    resolves installed models' names first); LocalspecError for what the user can fix.
+    progress: told each step of a first calibration on this machine (calibrate.Step)."""
     names = options.stages
     if "head" in names:
         check_head_path(options.head)          # before the slow target load
@@ -140,7 +141,7 @@ def build(options: Options) -> Built:
             head = load_head(options.head, model)
         costs = None
         if names and options.budget.adaptive and options.calibrate:
-            costs = calibrate(model, gguf, nodes)
+            costs = calibrate(model, gguf, nodes, progress=progress)
         draft_stable = (gguf is not None
                         and (options.stable_shapes if options.stable_shapes is not None
                              else gguf.n_gpu_layers != 0)

@@ -12,8 +12,13 @@ case loses to plain decoding is dropped: best case means every drafted token acc
 chain as deep as the budget allows, with acceptance `OPTIMISTIC` per depth, against a verify cost
 of n + 1 tokens plus the draft's forwards. On a slow CPU, where each extra row costs a good part
 of a plain step, only small trees survive; on a GPU, where rows are nearly free, all of them do.
-What survives is then chosen online by measured throughput (the bandit, `budget.py`). Why these
-constants: docs/decisions/0001, 0002, 0003, 0004, 0005.
+What survives is then chosen online by measured throughput (the bandit, `budget.py`). Why these constants:
+docs/decisions/0001, 0002, 0003, 0004, 0005.
+
+A first measurement takes many seconds on a CPU, so `calibrate` announces each batch it is about
+to time (`Step`: what, step i of n) to an optional `progress` callback; the total is known before
+the first step because what the cache lacks is decided first. A cached calibration announces
+nothing.
 """
 from __future__ import annotations
 
@@ -25,7 +30,7 @@ import platform
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from .native import TILED_MIN, has_tiled_min_switch, library_stamps, switches  # first: see native.py
 
@@ -48,7 +53,35 @@ _REPS = 5
 # speculative rounds and pruning kept too little (docs/decisions/0003).
 _METHOD = "v1"
 _BURST = 4            # decodes in a row per size on a GPU: llama.cpp replays a CUDA graph from the third
+_SWITCH_PAIRS = 8     # round trips timed to price a change of batch shape
 TILED_FROM = 8        # ggml's own floor for its tiled K-quant matmul (packaging/patches lets us move it)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One measurement of a calibration, announced as it starts: `what` is timed ("target 4
+    rows", "draft 2 rows", "tiled matmul floor at 9 rows", "batch-shape change"), step `step`
+    (1-based) of the `total` this calibration takes."""
+
+    what: str
+    step: int
+    total: int
+
+
+Progress = Callable[[Step], None]
+Announce = Callable[[int, int], None]   # (which model, rows): a measured batch is about to run
+
+
+class _Steps:
+    """Numbers the steps of one calibration and hands each to `progress` (None: counts only)."""
+
+    def __init__(self, progress: Progress | None, total: int) -> None:
+        self.progress, self.total, self.done = progress, total, 0
+
+    def __call__(self, what: str) -> None:
+        self.done += 1
+        if self.progress is not None:
+            self.progress(Step(what, self.done, self.total))
 
 
 @dataclass(frozen=True)
@@ -124,26 +157,34 @@ def _batch(model: LlamaModel, n: int) -> np.ndarray:
     return (np.arange(n, dtype=np.int32) * 7 + 1000) % model.vocab_size
 
 
+def measurable(model: LlamaModel, wanted: Sequence[int]) -> list[int]:
+    """The batch sizes of `wanted` this model's context and batch can hold after the context."""
+    return [n for n in wanted if n <= model.n_batch and n + _CONTEXT <= model.n_ctx]
+
+
 def measure(models: Sequence[LlamaModel], sizes: Sequence[Sequence[int]],
-            reps: int = _REPS) -> list[dict[int, float]]:
+            reps: int = _REPS, announce: Announce | None = None) -> list[dict[int, float]]:
     """Seconds per decode of n tokens after a short context, for each model and its sizes.
 
     The models take turns batch by batch, repetition by repetition, so a noisy neighbour slows
     them alike and their ratios (what the budget compares) hold; the fastest repetition counts.
     On a GPU each size is decoded _BURST times in a row and only the last two count: the steady
     cost with llama.cpp's CUDA graph replayed (`measure_switch` prices leaving it).
+    announce(i, n) runs before each measured batch: reps * sum(len(measurable(...))) calls.
     Leaves every model's cache empty."""
     plans = []
     for model, wanted in zip(models, sizes):
-        ok = [n for n in wanted if n <= model.n_batch and n + _CONTEXT <= model.n_ctx]
+        ok = measurable(model, wanted)
         _start(model)
         plans.append((model, ok, {n: math.inf for n in ok}))
     positions = np.arange(_CONTEXT, _CONTEXT + max(max(p[1], default=1) for p in plans), dtype=np.int32)
     try:
         for _ in range(reps):
-            for model, ok, best in plans:
+            for i, (model, ok, best) in enumerate(plans):
                 burst = _BURST if model.n_gpu_layers != 0 else 1
                 for n in ok:
+                    if announce is not None:
+                        announce(i, n)
                     tokens = _batch(model, n)
                     for b in range(burst):
                         t = time.perf_counter()
@@ -157,30 +198,46 @@ def measure(models: Sequence[LlamaModel], sizes: Sequence[Sequence[int]],
     return [best for _, _, best in plans]
 
 
-def tiled_floor(target: LlamaModel, tiled: dict[int, float]) -> tuple[int, dict[int, float]]:
+def tiled_floor(target: LlamaModel, tiled: dict[int, float],
+                step: Callable[[str], None] | None = None) -> tuple[int, dict[int, float]]:
     """The fewest batch rows from which ggml's tiled matmul is at least as fast as its row-by-row
     path at every measured size, and the curve that floor gives. `tiled` was measured as ggml
     ships (tiled from TILED_FROM rows). Where the tiled path loses at verify sizes and wins for
-    prompts, verifies go row by row and prompts tiled (docs/decisions/0005). Leaves the target's
+    prompts, verifies go row by row and prompts tiled (docs/decisions/0005). step(what) runs
+    before each measured batch (_REPS * len(_tiled_sizes(tiled)) calls). Leaves the target's
     cache empty."""
-    big = [n for n in sorted(tiled) if n >= TILED_FROM]
+    big = _tiled_sizes(tiled)
     if not big:
         return TILED_FROM, tiled
+    announce = None if step is None else (lambda _, n: step(f"tiled matmul floor at {_rows(n)}"))
     with switches({TILED_MIN: str(1 << 30)}):
-        rows = measure([target], [big])[0]
+        rows = measure([target], [big], announce=announce)[0]
     floor = next((s for s in big if all(tiled[n] <= rows[n] for n in big if n >= s)), big[-1] + 1)
     return floor, {n: (tiled[n] if n >= floor else rows.get(n, tiled[n])) for n in tiled}
 
 
-def measure_switch(model: LlamaModel, big: int, steady: dict[int, float], pairs: int = 8) -> float:
+def _tiled_sizes(curve: dict[int, float]) -> list[int]:
+    """The sizes of a curve that ggml as shipped runs tiled: those `tiled_floor` measures again."""
+    return [n for n in sorted(curve) if n >= TILED_FROM]
+
+
+def _rows(n: int) -> str:
+    return f"{n} row" if n == 1 else f"{n} rows"
+
+
+def measure_switch(model: LlamaModel, big: int, steady: dict[int, float], pairs: int = _SWITCH_PAIRS,
+                   step: Callable[[str], None] | None = None) -> float:
     """Seconds a round trip between batches of 1 and `big` tokens costs beyond their steady
     costs (`steady`, from `measure`): on a GPU llama.cpp rebuilds its CUDA graph at each change of
-    shape. The median pair counts. Leaves the model's cache empty."""
+    shape. The median pair counts; step(what) runs before each pair. Leaves the model's cache
+    empty."""
     _start(model)
     positions = np.arange(_CONTEXT, _CONTEXT + big, dtype=np.int32)
     extra = []
     try:
         for _ in range(pairs):
+            if step is not None:
+                step("batch-shape change")
             t = time.perf_counter()
             for n in (1, big):
                 model.decode(_batch(model, n), positions[:n], logits=True)
@@ -217,23 +274,29 @@ def cached_curves(models: Sequence[LlamaModel], sizes: Sequence[Sequence[int]], 
     """`measure(models, sizes)`, from the cache (`path`, default: by fingerprint in `cache_dir`)
     when these models were measured on this machine within MAX_AGE."""
     path = path or cache_path(models, cache_dir)
-    return _curves(models, sizes, path, {} if refresh else read_json(path))[0]
+    curves = _from_cache(models, sizes, {} if refresh else read_json(path))
+    return curves if curves is not None else _measured(models, sizes, path)[0]
 
 
-def _curves(models: Sequence[LlamaModel], sizes: Sequence[Sequence[int]], path: Path,
-            data: dict) -> tuple[list[dict[int, float]], dict]:
-    """`cached_curves` given the cache file's object (`data`, {} to measure anyway), and the
-    object the file holds after (a new measurement replaces it)."""
+def _from_cache(models: Sequence[LlamaModel], sizes: Sequence[Sequence[int]],
+                data: dict) -> list[dict[int, float]] | None:
+    """The curves a cache file's object (`data`) holds for these models, if it is fresh and has
+    every size they can measure; None: measure them."""
     try:
         curves = [{int(n): float(s) for n, s in c.items()} for c in data["seconds"]]
         fresh = time.time() - float(data["measured"]) < MAX_AGE
         if fresh and len(curves) == len(models) and all(
-                all(n in c for n in want if n <= m.n_batch and n + _CONTEXT <= m.n_ctx)
-                for c, want, m in zip(curves, sizes, models)):
-            return curves, data
+                all(n in c for n in measurable(m, want)) for c, want, m in zip(curves, sizes, models)):
+            return curves
     except (ValueError, KeyError, TypeError, AttributeError):
         pass   # missing or unreadable: measure again
-    curves = measure(models, sizes)
+    return None
+
+
+def _measured(models: Sequence[LlamaModel], sizes: Sequence[Sequence[int]], path: Path,
+              announce: Announce | None = None) -> tuple[list[dict[int, float]], dict]:
+    """Measure the curves and write them to `path` as a new cache object (returned with them)."""
+    curves = measure(models, sizes, announce=announce)
     data = {"models": [str(m.path) for m in models], "measured": time.time(),
             "seconds": _as_json(curves)}
     write_json(path, data)
@@ -282,30 +345,46 @@ def default_cache_dir() -> Path:
 
 
 def calibrate(target: LlamaModel, draft: LlamaModel | None, max_nodes: int,
-              cache_dir: Path | None = None, refresh: bool = False) -> Costs:
+              cache_dir: Path | None = None, refresh: bool = False,
+              progress: Progress | None = None) -> Costs:
     """Cost curves of the target (batches up to max_nodes + 2: a full tree and its padding) and
     of a GGUF draft; with the target on a GPU, also what a change of batch shape costs
-    (`measure_switch`). The cache file is read once; what is measured is added to it."""
+    (`measure_switch`). The cache file is read once; what is measured is added to it, each
+    batch announced to `progress` first (nothing when everything is cached)."""
     top = max(2, max_nodes + 2)
     sizes = sorted({n for n in SIZES if n <= top} | {top})
     models, wanted = ([target], [sizes]) if draft is None else ([target, draft], [sizes, DRAFT_SIZES])
+    names = ("target", "draft")
     path = cache_path(models, cache_dir or default_cache_dir())
     steer = target.n_gpu_layers == 0 and not exact_in_process() and has_tiled_min_switch()
     if steer:
         os.environ[TILED_MIN] = str(TILED_FROM)   # a fresh curve is measured as ggml ships
-    curves, data = _curves(models, wanted, path, {} if refresh else read_json(path))
+    data = {} if refresh else read_json(path)
+    curves = _from_cache(models, wanted, data)
+    if curves is None:
+        data = {}                                  # a new measurement replaces the file's object
+    # what the cache lacks, decided before the first step so that each step knows the total
+    target_sizes = curves[0] if curves is not None else dict.fromkeys(measurable(target, sizes))
+    measure_floor = steer and not isinstance(data.get("tiled_min"), int)
+    measure_shape = (target.n_gpu_layers != 0 and top in target_sizes
+                     and not isinstance(data.get("switch"), (int, float)))
+    step = _Steps(progress, (0 if curves is not None else
+                             _REPS * sum(len(measurable(m, w)) for m, w in zip(models, wanted)))
+                  + (_REPS * len(_tiled_sizes(target_sizes)) if measure_floor else 0)
+                  + (_SWITCH_PAIRS if measure_shape else 0))
+    if curves is None:
+        curves, data = _measured(models, wanted, path,
+                                 lambda i, n: step(f"{names[i]} {_rows(n)}"))
     if steer:
         floor = data.get("tiled_min")
-        if not isinstance(floor, int) or refresh:
-            floor, curves[0] = tiled_floor(target, curves[0])
+        if measure_floor:
+            floor, curves[0] = tiled_floor(target, curves[0], step)
             data = {**data, "tiled_min": floor, "seconds": _as_json(curves)}
             write_json(path, data)
         os.environ[TILED_MIN] = str(floor)
-    switch = 0.0
-    if target.n_gpu_layers != 0 and top in curves[0]:
-        switch = data.get("switch")
-        if not isinstance(switch, (int, float)):
-            switch = measure_switch(target, top, curves[0])
-            data = {**data, "switch": switch}
-            write_json(path, data)
+    switch = data.get("switch") if target.n_gpu_layers != 0 and top in target_sizes else 0.0
+    if measure_shape:
+        switch = measure_switch(target, top, curves[0], step=step)
+        data = {**data, "switch": switch}
+        write_json(path, data)
     return Costs(curves[0], curves[1] if draft is not None else {}, path, float(switch))

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 from .build import build, check_head_path, load_head  # noqa: F401  (load_head, check_head_path: the API)
-from .calibrate import write_json
+from .calibrate import Progress, write_json
 from .chat import render_chat
 from .config import GenerationRequest, SamplingParams
 from .generation import Event, Generation, finish
@@ -37,11 +37,12 @@ def draft_runs_in_torch(path: Path | None, torch_draft: bool = False) -> bool:
 class Session:
     """A loaded target with its stages; reusable across generations."""
 
-    def __init__(self, cfg: Options) -> None:
+    def __init__(self, cfg: Options, progress: Progress | None = None) -> None:
+        """progress: told each step of a first calibration on this machine (calibrate.Step)."""
         if cfg.speculation and cfg.head is not None:
             cfg = replace(cfg, draft=None)     # the head takes the draft model's place
         self.cfg = cfg
-        built = self._built = build(cfg)
+        built = self._built = build(cfg, progress)
         self.model, self.stages, self.costs = built.model, built.stages, built.costs
         self.engine, self.store, self.head = built.engine, built.store, built.head
         self._learnt_path = built.learnt_path

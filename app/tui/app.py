@@ -136,8 +136,7 @@ class ChatApp(App):
             self.start_engine()
             return
         if self.chat is not None:
-            self.chat.engine_state = "restarting the engine…"
-            self.chat.refresh_status()
+            self.chat.engine_loading("restarting the engine…")
         self.engine.restart()
 
     def stop_engine(self) -> None:
@@ -192,8 +191,7 @@ class ChatApp(App):
                 self.chat.action_toggle_sources()
             if before != self.spec_for(new):
                 self.start_engine()
-                self.chat.ready, self.chat.engine_state = None, "loading the new model…"
-                self.chat.refresh_status()
+                self.chat.engine_loading("loading the new model…")
 
         self.push_screen(SettingsScreen(shown), done)
 

@@ -25,9 +25,10 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, Input, Label, ListItem, ListView, Static
 
-from localspec.app.engine_proc import Crashed, Done, Error, Ready, Token
+from localspec.app.engine_proc import Calibrating, Crashed, Done, Error, Ready, Token
 from localspec.app.history import DEFAULT_TITLE, Conversation, History, Message
 from localspec.app.inputs import check_prompt
+from localspec.app.progress import measuring_text
 from localspec.engine.errors import LocalspecError
 
 from .attach import code_blocks, expand_attachments
@@ -78,7 +79,7 @@ class ChatScreen(Screen):
         self.editing_seq: int | None = None        # Ctrl+E: the user message being rewritten
         self.ready: Ready | None = None
         self.engine_state = "starting the engine…"
-        self.last_stats: dict | None = None
+        self.last_stats: dict | None = None        # the last reply of this engine, for the status bar
 
     # ---- layout -------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -140,8 +141,6 @@ class ChatScreen(Screen):
             return
         rows = self.history.messages(self.conversation.id)
         views = [MessageView(m.role, m.content, m.state, m.segments, m.stats) for m in rows]
-        self.last_stats = next((m.stats for m in reversed(rows) if m.stats), None)
-        self.refresh_status()
         if self.reply is not None and self.reply.conversation_id == self.conversation.id:
             views[-1] = self.reply.view = MessageView("assistant", self.reply.text, "streaming",
                                                       self.reply.segments)
@@ -322,10 +321,19 @@ class ChatScreen(Screen):
     def action_restart_engine(self) -> None:
         self.app.restart_engine()
 
+    def engine_loading(self, state: str) -> None:
+        """A new engine is on its way (a restart, another model): the status bar says `state` and
+        forgets the old engine's figures, which would pass for the new one's."""
+        self.ready, self.engine_state, self.last_stats = None, state, None
+        self.refresh_status()
+
     # ---- engine events ------------------------------------------------------------------------
     async def on_engine_event(self, event) -> None:
-        if isinstance(event, Ready):
-            self.ready, self.engine_state = event, ""
+        if isinstance(event, Calibrating):   # a first run measures this machine before Ready
+            self.engine_state = measuring_text(event.what, event.step, event.total)
+            self.refresh_status()
+        elif isinstance(event, Ready):
+            self.ready, self.engine_state, self.last_stats = event, "", None   # a new engine
             self.show_notice("")
             self.refresh_status()
         elif isinstance(event, Crashed):

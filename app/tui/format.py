@@ -11,6 +11,12 @@ STATE_MARKS = {
     "partial": ("… interrupted (partial)", "yellow"),
     "error": ("✖ failed", "red"),
 }
+# The speed-up against plain decoding is shown once it rests on enough rounds to mean something:
+# the reply's own rounds (how many tokens a round yields varies a lot from round to round) and the
+# plain rounds the adaptive budget timed (their time varies with the machine's load). With fewer,
+# its spread is beyond about 10% and it reads "vs plain …" (docs/decisions/0021).
+MIN_ROUNDS = 128
+MIN_PLAIN_ROUNDS = 32
 _SOURCE_STYLES = {"target": "", "maxgram": "bold green", "personal-ngram": "bold magenta"}
 DRAFT_STYLE = "bold cyan"      # any model drafter (its name is the draft file's)
 
@@ -57,17 +63,27 @@ def speculation_summary(stats: dict, per_drafter: bool = False, brief: bool = Fa
         parts.append(f"{stats['tokens'] / stats['wall_seconds']:.1f} tok/s")
     if stats.get("tokens_per_call"):
         parts.append(f"{stats['tokens_per_call']:.2f} tok/call")
-    plain = stats.get("plain_tok_s")
     if brief:
         return " · ".join(parts)
-    if tok_s and plain:
-        parts.append(f"{tok_s / plain:.2f}× vs plain")
+    if against := vs_plain(stats):
+        parts.append(against)
     if per_drafter:
         rates = [f"{_short(s['name'])} {100 * s['acceptance']:.0f}%"
                  for s in stats.get("stages", []) if s.get("proposed")]
         if rates:
             parts.append("accepted " + " ".join(rates))
     return " · ".join(parts) if parts else f"{stats.get('tokens', 0)} tokens"
+
+
+def vs_plain(stats: dict) -> str:
+    """'1.74× vs plain' from a reply's stats; 'vs plain …' while the reply or the plain rate rests
+    on too few rounds; '' where plain decoding was not measured (no adaptive budget)."""
+    tok_s, plain = stats.get("tokens_per_second"), stats.get("plain_tok_s")
+    if not (tok_s and plain):
+        return ""
+    if stats.get("target_calls", 0) < MIN_ROUNDS or stats.get("plain_rounds", 0) < MIN_PLAIN_ROUNDS:
+        return "vs plain …"
+    return f"{tok_s / plain:.2f}× vs plain"
 
 
 def _short(stage: str) -> str:

@@ -111,7 +111,9 @@ class MessageView(Vertical):
 
 
 class StatusBar(Static):
-    """Model, device, and the last reply's speculation numbers, from the engine's measurements."""
+    """Model, device, and the running engine's last reply's speculation numbers (none from an
+    earlier engine or model: figures are the engine's measurements, and only its own say
+    anything of it)."""
 
     def show(self, engine: str, stages: str, stats: dict | None, sources_on: bool) -> None:
         line = Text(engine, style="bold")

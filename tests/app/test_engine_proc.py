@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from localspec.app.engine_proc import (CLOSE_GRACE, Crashed, Done, EngineProcess, EngineSpec,
-                                       Error, Ready, Token, telling_line, wait_for)
+from localspec.app.engine_proc import (CLOSE_GRACE, Calibrating, Crashed, Done, EngineProcess,
+                                       EngineSpec, Error, Ready, Token, telling_line, wait_for)
 from localspec.engine.session import EngineConfig, Session
 from localspec.models.ngram_store import NgramStore, store_paths
 
@@ -196,6 +196,31 @@ def test_use_draft_false_loads_no_draft_model(tiny):
         assert ready(engine).stages == ["maxgram"]
     finally:
         engine.close()
+
+
+def test_a_first_run_reports_its_calibration_before_ready(tiny, tmp_path, monkeypatch):
+    """On a fresh data dir the engine times batches before it is ready, and says so step by step
+    (the chat shows it); the next start finds the measurement cached and says nothing."""
+    monkeypatch.setenv("LOCALSPEC_DATA_DIR", str(tmp_path))   # the child inherits it
+    spec = EngineSpec(model=str(tiny.target_gguf), draft=str(tiny.draft_gguf), personal=False,
+                      n_ctx=512, n_threads=1)
+
+    def until_ready() -> list:
+        engine = EngineProcess(spec)
+        engine.start()
+        try:
+            events = wait_for(engine, (Ready, Error), timeout=180)
+        finally:
+            engine.close()
+        assert isinstance(events[-1], Ready), events
+        return events[:-1]
+
+    first = until_ready()
+    assert first and all(isinstance(e, Calibrating) for e in first)
+    total = first[0].total
+    assert [e.step for e in first] == list(range(1, total + 1)) and {e.total for e in first} == {total}
+    assert {e.what.split()[0] for e in first} >= {"target", "draft"}
+    assert until_ready() == []
 
 
 def test_missing_model_is_an_error_not_a_crash(tmp_path):

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 
 from localspec.app.tui.attach import MAX_FILE_BYTES, code_blocks, expand_attachments
-from localspec.app.tui.format import (engine_line, lead_source, source_style,
-                                      speculation_summary, stages_line)
+from localspec.app.tui.format import (MIN_PLAIN_ROUNDS, MIN_ROUNDS, engine_line, lead_source,
+                                      source_style, speculation_summary, stages_line, vs_plain)
 from localspec.engine.errors import LocalspecError
 
 
@@ -43,11 +43,17 @@ def test_code_blocks():
 
 
 def test_speculation_summary_and_lines():
-    stats = {"tokens": 10, "tokens_per_second": 50.0, "tokens_per_call": 2.5, "plain_tok_s": 25.0,
+    stats = {"tokens": 400, "tokens_per_second": 50.0, "tokens_per_call": 2.5, "plain_tok_s": 25.0,
+             "target_calls": MIN_ROUNDS, "plain_rounds": MIN_PLAIN_ROUNDS,
              "stages": [{"name": "maxgram", "proposed": 4, "acceptance": 0.75},
                         {"name": "personal-ngram", "proposed": 0, "acceptance": 0.0}]}
     assert speculation_summary(stats, per_drafter=True) == \
         "50.0 tok/s · 2.50 tok/call · 2.00× vs plain · accepted maxgram 75%"
+    # the speed-up waits for enough rounds of the reply and of plain decoding
+    assert vs_plain({**stats, "target_calls": MIN_ROUNDS - 1}) == "vs plain …"
+    assert vs_plain({**stats, "plain_rounds": MIN_PLAIN_ROUNDS - 1}) == "vs plain …"
+    assert vs_plain({k: v for k, v in stats.items() if k != "plain_rounds"}) == "vs plain …"
+    assert vs_plain({k: v for k, v in stats.items() if k != "plain_tok_s"}) == ""   # not measured
     assert speculation_summary(stats, brief=True) == "50.0 tok/s · 2.50 tok/call"
     assert speculation_summary({"tokens": 8, "wall_seconds": 2.0}) == "4.0 tok/s"   # a stopped reply
     assert engine_line("/m/t.gguf", "/m/d.gguf", "GPU (X)", 28, "") == \

@@ -116,6 +116,35 @@ def test_adaptive_session_calibrates_and_keeps_output(tiny, monkeypatch, tmp_pat
         plain.close()
 
 
+def test_a_first_calibration_announces_every_step_in_order(tiny, monkeypatch, tmp_path):
+    """The builder hands `progress` each batch calibration is about to time, numbered 1..n with n
+    known from the first step: the target's sizes, the draft's, on a CPU with packaging/patches
+    the tiled-matmul floor. A second load finds it all cached and announces nothing."""
+    from localspec.engine.llama_model import exact_in_process
+    from localspec.engine.native import has_tiled_min_switch
+
+    monkeypatch.setenv("LOCALSPEC_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv(cal.TILED_MIN, str(cal.TILED_FROM))   # restored after the test
+    cfg = EngineConfig(tiny.target_gguf, draft=tiny.draft_gguf, n_ctx=512, n_threads=1,
+                       budget=TreeBudget(max_nodes=8, adaptive=True))
+    steps: list[cal.Step] = []
+    Session(cfg, progress=steps.append).close()
+    total = steps[0].total
+    assert [s.step for s in steps] == list(range(1, total + 1))
+    assert {s.total for s in steps} == {total}
+    sizes = sorted({n for n in cal.SIZES if n <= 10} | {10})           # a full tree and its padding
+    rows = [cal._rows(n) for n in sizes]
+    draft_rows = [cal._rows(n) for n in cal.DRAFT_SIZES]
+    expect = [f"target {r}" for r in rows] + [f"draft {r}" for r in draft_rows]
+    expect = expect * cal._REPS                                        # the models take turns
+    if has_tiled_min_switch() and not exact_in_process():
+        expect += [f"tiled matmul floor at {cal._rows(n)}" for n in sizes if n >= cal.TILED_FROM] * cal._REPS
+    assert [s.what for s in steps] == expect
+    again: list[cal.Step] = []
+    Session(cfg, progress=again.append).close()
+    assert again == []
+
+
 def test_the_next_run_starts_from_what_this_one_learnt(tiny, monkeypatch, tmp_path):
     monkeypatch.setenv("LOCALSPEC_DATA_DIR", str(tmp_path))
     cfg = EngineConfig(tiny.target_gguf, draft=tiny.draft_gguf, n_ctx=512, n_threads=1,
@@ -155,7 +184,7 @@ def test_tiled_floor_is_where_the_tiled_path_stops_losing(monkeypatch):
     rows = {8: 171.0, 12: 235.0, 16: 243.0, 24: 398.0, 32: 481.0}
     seen = {}
 
-    def scripted(models, sizes, reps=cal._REPS):
+    def scripted(models, sizes, reps=cal._REPS, announce=None):
         import os
         seen["sizes"], seen["env"] = list(sizes[0]), os.environ.get(cal.TILED_MIN)
         return [dict(rows)]
