@@ -12,6 +12,13 @@ Why it is shaped so:
 * **The engine is an event source.** The app drains `EngineProcess.poll()` on a timer and hands
   each event to `on_engine_event`; nothing here blocks. An engine crash finishes the reply in
   flight as ``error`` (its text kept) and offers a restart; the conversation is untouched.
+* **One window writes a conversation.** Opening a conversation claims its lease
+  (app/leases.py); one that another window holds is shown read-only with a notice naming it, and
+  nothing here writes to it: sending, retry, edit, rename and delete are refused with the text
+  kept. Enter tries again: once the other window has let go, the conversation is reloaded with
+  what it added, and if anything was added the message waits for a second Enter, so that nothing
+  is sent after text the user has not seen. A lease is released when the window moves to another
+  conversation, unless a reply of its is still streaming there (then when that reply ends).
 * **A history that fails mid-chat ends in the screen, not in a traceback.** Every handler that
   touches the history is `@reported`: a LocalspecError from it (a damaged page that the check
   at open missed, a full disk, a data dir made read-only) goes to `history_failed`, the one place
@@ -112,6 +119,8 @@ class ChatScreen(Screen):
         self.ready: Ready | None = None
         self.engine_state = "starting the engine…"
         self.last_stats: dict | None = None        # the last reply of this engine, for the status bar
+        self.read_only = False                     # another window holds the open conversation
+        self.shown_rows: list[tuple] = []          # what the open conversation showed when opened
 
     # ---- layout -------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -165,10 +174,16 @@ class ChatScreen(Screen):
         # read first: a history that fails leaves the screen as it was
         conversation = self.history.conversation(conversation_id) if conversation_id else None
         rows = self.history.messages(conversation.id) if conversation else []
+        writable = conversation is None or self.history.claim(conversation.id)
         if self.reply is not None:
             self.reply.view = None
+        if self.conversation is not None and self.conversation.id != conversation_id:
+            self._let_go(self.conversation.id)
         self.editing_seq = None
-        self.conversation = conversation
+        was_read_only, self.conversation, self.read_only = self.read_only, conversation, not writable
+        self.shown_rows = [_shown(m) for m in rows]
+        if self.read_only or was_read_only:     # other notices (a crashed engine) stay
+            self.show_notice("")
         messages = self.query_one("#messages", VerticalScroll)
         await messages.remove_children()
         self._highlight_current()
@@ -206,7 +221,7 @@ class ChatScreen(Screen):
         self.query_one("#prompt").focus()
 
     def action_rename(self) -> None:
-        if self.conversation is None:
+        if self.conversation is None or self._refused():
             return
         conv = self.conversation
 
@@ -223,7 +238,7 @@ class ChatScreen(Screen):
         await self.reload_conversations()
 
     def action_delete(self) -> None:
-        if self.conversation is None:
+        if self.conversation is None or self._refused():
             return
         conv = self.conversation
 
@@ -259,6 +274,8 @@ class ChatScreen(Screen):
             return
         if self.reply is not None:
             self.app.notify("A reply is still being written: Esc stops it.", severity="warning")
+            return
+        if self.read_only and not await self._try_to_write():
             return
         try:   # a paste or attachments longer than the context could hold stay unsent
             content = check_prompt(expand_attachments(text), self.app.base_spec.n_ctx, "the message")
@@ -316,7 +333,7 @@ class ChatScreen(Screen):
     @reported
     async def action_retry(self) -> None:
         last = self._last_message()
-        if self.reply is not None or last is None:
+        if self.reply is not None or last is None or self._refused():
             return
         if last.role == "assistant":
             self.history.truncate(last.conversation_id, last.seq)
@@ -325,7 +342,7 @@ class ChatScreen(Screen):
 
     @reported
     def action_edit_last(self) -> None:
-        if self.reply is not None or self.conversation is None:
+        if self.reply is not None or self.conversation is None or self._refused():
             return
         users = [m for m in self.history.messages(self.conversation.id) if m.role == "user"]
         if not users:
@@ -433,6 +450,8 @@ class ChatScreen(Screen):
         segments = reply.segments if content == reply.text else None
         self.history.finish_reply(reply.message_id, content, state, stats, segments)
         self.reply = None      # not before: a reply that could not be committed is still in flight
+        if self.conversation is None or self.conversation.id != reply.conversation_id:
+            self.history.release(reply.conversation_id)    # no longer open here
         if reply.view is not None:
             await reply.view.finish(state, content, stats, note)
         if state == "complete":
@@ -465,6 +484,37 @@ class ChatScreen(Screen):
         self.show_notice(f"{err.title}: {err.cause}. {err.fix}\nWhat is shown stays on screen; "
                          "what was not saved is marked. Quitting (Ctrl+Q) exits with status 2.")
 
+    # ---- one window per conversation ----------------------------------------------------------
+    def _let_go(self, conversation_id: str) -> None:
+        """Leaving a conversation: its lease goes, unless a reply is still streaming into it."""
+        if self.reply is None or self.reply.conversation_id != conversation_id:
+            self.history.release(conversation_id)
+
+    def _held_notice(self) -> str:
+        pid = self.history.holder(self.conversation.id)
+        who = f"another localspec window (process {pid})" if pid else "another localspec window"
+        return (f"This conversation is open in {who}: read-only here. Ctrl+N starts a new one; "
+                "Enter tries again once that window has moved on or closed.")
+
+    def _refused(self) -> bool:
+        """Whether the open conversation is read-only here (said in the notice)."""
+        if self.read_only:
+            self.show_notice(self._held_notice())
+        return self.read_only
+
+    async def _try_to_write(self) -> bool:
+        """A read-only conversation: reopen it; True if it is writable now and shows nothing the
+        user has not seen (else the notice says why the message waits)."""
+        before = self.shown_rows
+        await self.open_conversation(self.conversation.id)
+        if self.read_only:
+            return False
+        if self.shown_rows != before:
+            self.show_notice("The other window has let go of this conversation; it is shown with "
+                             "what was added there. Press Enter to send your message.")
+            return False
+        return True
+
     # ---- helpers ------------------------------------------------------------------------------
     def refresh_status(self) -> None:
         r = self.ready
@@ -474,6 +524,9 @@ class ChatScreen(Screen):
                                                   self.last_stats, self.has_class("-sources"))
 
     def show_notice(self, text: str) -> None:
+        """Show `text` above the prompt; none: the read-only notice if the conversation is."""
+        if not text and self.read_only:
+            text = self._held_notice()
         notice = self.query_one("#notice", Static)
         notice.update(text)
         notice.display = bool(text)
@@ -483,6 +536,11 @@ class ChatScreen(Screen):
             return None
         rows = self.history.messages(self.conversation.id)
         return rows[-1] if rows else None
+
+
+def _shown(m: Message) -> tuple:
+    """What a message looks like on screen, to tell whether another window changed it."""
+    return (m.id, m.state, m.content)
 
 
 def _title_from(content: str) -> str:
