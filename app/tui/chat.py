@@ -479,8 +479,10 @@ class ChatScreen(Screen):
         if reply is not None:
             self.app.engine_call("stop", reply.request_id)
             self.dropped.add(reply.request_id)
-            if reply.view is not None:
-                self.call_later(reply.view.finish, "error", None, None, "not saved")
+        if not self.query("#notice"):
+            return      # the screen is going (a quit saving the reply): said when the command ends
+        if reply is not None and reply.view is not None:
+            self.call_later(reply.view.finish, "error", None, None, "not saved")
         self.show_notice(f"{err.title}: {err.cause}. {err.fix}\nWhat is shown stays on screen; "
                          "what was not saved is marked. Quitting (Ctrl+Q) exits with status 2.")
 

@@ -103,3 +103,17 @@ async def test_a_reply_in_flight_stops_where_it_was_last_saved(tmp_path):
     with sqlite3.connect(app.history.path) as db:
         saved = db.execute("SELECT content FROM messages WHERE id = ?", (reply_id,)).fetchone()
     assert saved == ("Hel",)
+
+
+async def test_quitting_mid_reply_when_the_reply_cannot_be_saved_exits_2(tmp_path):
+    app = demo_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        app.chat.query_one("#prompt").text = "Say hello."
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: app.engine.requests, what="the generate request")
+        _set_messages_root(app.history.path, BAD_ROOT)
+        await pilot.press("ctrl+q")                    # saving the reply in flight fails
+    assert app.history_failure is not None
+    with pytest.raises(LocalspecError, match="damaged"):
+        exit_status(app)
