@@ -18,6 +18,12 @@ Why it is shaped so:
 * **One writer.** One connection behind a lock serves the app's threads; other processes wait on
   SQLite's write lock (``BEGIN IMMEDIATE``). Ordered, named migrations are recorded in
   ``schema_version``, as in the n-gram store.
+* **One window per conversation.** Writing to a conversation takes its lease (app/leases.py) and
+  keeps it until `release`; a conversation whose lease another History holds (another chat
+  window) is refused with a LocalspecError, so two windows never interleave in one conversation.
+  The chat screen claims a conversation when it opens it and shows it read-only when it cannot.
+  A ``streaming`` row becomes ``partial`` at open only where no one holds the lease: another
+  window may be streaming into it right now.
 * Search is a plain ``LIKE`` over titles and message texts: a personal history is small, and
   ``LIKE`` needs no tokenizer that would miss code identifiers.
 """
@@ -33,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from localspec.app.leases import Leases
 from localspec.engine.errors import LocalspecError
 from localspec.models.paths import data_dir
 from localspec.models.sqlite_file import explained, open_sqlite
@@ -98,20 +105,48 @@ class History:
         self._conn, self.path = conn, path
         self._lock = threading.RLock()
         self._stream = _stream_connection(path)   # checkpoints of streaming replies only
+        self.leases = Leases(path.parent / f"{path.stem}.leases")
 
     @classmethod
     def open(cls, path: str | Path | None = None) -> History:
-        """Open (creating if needed) the history; replies left `streaming` become `partial`."""
+        """Open (creating if needed) the history; replies left `streaming` by a process that
+        died become `partial` (not those of a window still writing them)."""
         path = Path(path) if path is not None else history_path()
         history = cls(_connect(path), path)
-        with history._write() as db:
-            db.execute("UPDATE messages SET state = 'partial' WHERE state = 'streaming'")
+        with history._read() as db:
+            streaming = [cid for (cid,) in db.execute(
+                "SELECT DISTINCT conversation_id FROM messages WHERE state = 'streaming'")]
+        for cid in streaming:
+            if history.leases.claim(cid):
+                with history._write() as db:
+                    db.execute("UPDATE messages SET state = 'partial' "
+                               "WHERE state = 'streaming' AND conversation_id = ?", (cid,))
+                history.leases.release(cid)
         return history
 
     def close(self) -> None:
         with self._lock:
+            self.leases.close()
             self._stream.close()
             self._conn.close()
+
+    # ---- leases (app/leases.py) ---------------------------------------------------------------
+    def claim(self, conversation_id: str) -> bool:
+        """Hold the conversation for this History's writes; False: another window holds it."""
+        with self._lock:
+            return self.leases.claim(conversation_id)
+
+    def release(self, conversation_id: str) -> None:
+        with self._lock:
+            self.leases.release(conversation_id)
+
+    def holder(self, conversation_id: str) -> int | None:
+        """The process id of the window that holds the conversation, where it is known."""
+        return self.leases.holder(conversation_id)
+
+    def _own(self, conversation_id: str) -> None:
+        if not self.claim(conversation_id):
+            raise held_elsewhere(conversation_id, self.holder(conversation_id))
 
     def __enter__(self) -> History:
         return self
@@ -123,6 +158,7 @@ class History:
     def new_conversation(self, title: str = DEFAULT_TITLE) -> Conversation:
         now = time.time()
         conv = Conversation(f"c-{uuid.uuid4().hex[:16]}", _clean_title(title), now, now)
+        self._own(conv.id)
         with self._write() as db:
             db.execute("INSERT INTO conversations VALUES (?, ?, ?, ?)",
                        (conv.id, conv.title, now, now))
@@ -155,15 +191,19 @@ class History:
         return [Conversation(*r) for r in rows]
 
     def rename(self, conversation_id: str, title: str) -> None:
+        self._own(conversation_id)
         with self._write() as db:
             _require(db.execute("UPDATE conversations SET title = ? WHERE id = ?",
                                 (_clean_title(title), conversation_id)), conversation_id)
 
     def delete(self, conversation_id: str) -> None:
+        self._own(conversation_id)
         with self._write() as db:
             db.execute("DELETE FROM messages WHERE conversation_id = ?", (conversation_id,))
             _require(db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,)),
                      conversation_id)
+        with self._lock:
+            self.leases.forget(conversation_id)
 
     # ---- messages -----------------------------------------------------------------------------
     def messages(self, conversation_id: str) -> list[Message]:
@@ -179,6 +219,7 @@ class History:
         if role not in ROLES or state not in STATES:
             raise ValueError(f"bad role/state {role!r}/{state!r}")
         now = time.time()
+        self._own(conversation_id)
         with self._write() as db:
             (seq,) = db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM messages "
                                 "WHERE conversation_id = ?", (conversation_id,)).fetchone()
@@ -221,6 +262,7 @@ class History:
 
     def truncate(self, conversation_id: str, from_seq: int) -> None:
         """Delete the messages at `from_seq` and after (retry and edit-last rewrite the tail)."""
+        self._own(conversation_id)
         with self._write() as db:
             db.execute("DELETE FROM messages WHERE conversation_id = ? AND seq >= ?",
                        (conversation_id, from_seq))
@@ -267,6 +309,14 @@ def _clean_title(title: str) -> str:
 def _missing(conversation_id: str) -> LocalspecError:
     return LocalspecError("Conversation not found", f"'{conversation_id}' is not in the history",
                           "It was deleted meanwhile; pick or start another conversation")
+
+
+def held_elsewhere(conversation_id: str, pid: int | None) -> LocalspecError:
+    who = f"localspec process {pid}" if pid else "another localspec process"
+    return LocalspecError("Conversation is open in another window",
+                          f"'{conversation_id}' is being written by {who}",
+                          "Continue it in that window (or close it there), or start a new "
+                          "conversation here")
 
 
 def _require(cursor: sqlite3.Cursor, conversation_id: str) -> None:

@@ -80,6 +80,8 @@ class ChatApp(App):
         self.startup_notice = notice
         self.engine: Engine | None = None
         self.chat: ChatScreen | None = None
+        # the history failed during the chat (ChatScreen.history_failed): the command exits 2
+        self.history_failure: LocalspecError | None = None
 
     # ---- lifecycle ----------------------------------------------------------------------------
     async def on_mount(self) -> None:

@@ -51,29 +51,40 @@ class FirstRunScreen(Screen):
             yield ListView(id="models")
         yield Footer()
 
-    def on_mount(self) -> None:
-        self.action_rescan()
+    async def on_mount(self) -> None:
+        await self.action_rescan()
 
-    def action_rescan(self) -> None:
-        from localspec.models import library
-
+    async def action_rescan(self) -> None:
+        """List the installed models, the first usable one highlighted (and the list focused), so
+        that Enter picks it without an arrow key first."""
         view = self.query_one("#models", ListView)
-        view.clear()
-        try:
-            rows = library.list_models()
-        except LocalspecError as err:
-            view.append(ListItem(Label(f"{err.title}: {err.cause}. {err.fix}")))
-            return
-        if not rows:
-            view.append(ListItem(Label("(none: localspec list is empty)"), disabled=True))
-        for row in rows:
-            m = row.model
-            draft = f" + draft {m.draft.path.name}" if m.draft else ""
-            missing = "  MISSING FILES" if row.missing else ""
-            view.append(ListItem(Label(f"{m.name}  {m.size / 1e6:,.1f} MB  {m.quantization}  "
-                                       f"{row.fit}{draft}{missing}"), name=m.name,
-                                 disabled=bool(row.missing)))
+        await view.clear()
+        await view.extend(_model_items())
+        view.index = next((i for i, item in enumerate(view.children)
+                           if item.name and not item.disabled), None)
+        view.focus()
 
     def on_list_view_selected(self, event: ListView.Selected) -> None:
         if event.item.name:
             self.post_message(self.Chosen(event.item.name))
+
+
+def _model_items() -> list[ListItem]:
+    """One row per installed model (those with missing files shown, but not selectable)."""
+    from localspec.models import library
+
+    try:
+        rows = library.list_models()
+    except LocalspecError as err:
+        return [ListItem(Label(f"{err.title}: {err.cause}. {err.fix}"))]
+    if not rows:
+        return [ListItem(Label("(none: localspec list is empty)"), disabled=True)]
+    items = []
+    for row in rows:
+        m = row.model
+        draft = f" + draft {m.draft.path.name}" if m.draft else ""
+        missing = "  MISSING FILES" if row.missing else ""
+        items.append(ListItem(Label(f"{m.name}  {m.size / 1e6:,.1f} MB  {m.quantization}  "
+                                    f"{row.fit}{draft}{missing}"), name=m.name,
+                              disabled=bool(row.missing)))
+    return items

@@ -16,7 +16,18 @@ def run_chat(args: argparse.Namespace) -> int:
     with History.open() as history:
         app = chat_app(args, history)
         app.run()
-    return app.return_code or 0     # 128 + the signal when one ended it (tui/terminal.py)
+    return exit_status(app)
+
+
+def exit_status(app) -> int:
+    """How a chat that has ended ends the command: 128 + the signal when one ended it
+    (tui/terminal.py); else, if the history failed during the chat, that error (printed after the
+    screen is gone, exit 2: something the user saw may not be saved); else 0."""
+    if app.return_code:
+        return app.return_code
+    if app.history_failure is not None:
+        raise app.history_failure
+    return 0
 
 
 def chat_app(args: argparse.Namespace, history: History, *, settings_file: Path | None = None,
