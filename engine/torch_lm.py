@@ -32,6 +32,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from localspec.models import safetensors_file
+from localspec.models.gguf_file import read_gguf
 
 from .errors import LocalspecError
 
@@ -154,6 +155,11 @@ def load_causal_lm(path: Path, dtype: torch.dtype) -> PreTrainedModel:
         folder, kwargs["gguf_file"] = path.parent, path.name
         fix = "Check the file is a complete Qwen2/Llama GGUF; loading GGUF in PyTorch needs " \
               "`pip install gguf accelerate`"
+        try:
+            read_gguf(path)   # the header, validated in linear time, before transformers parses it
+        except LocalspecError as err:
+            raise LocalspecError("Could not load the draft model", f"{err.title}: {err.cause}",
+                                 err.fix) from None
     else:
         if not (path / "config.json").is_file():
             raise LocalspecError("Not a draft model folder", f"{path} has no config.json",

@@ -151,3 +151,15 @@ def test_the_untouched_draft_passes_the_checks(tiny):
     assert (lm.vocab_size, len(lm.layers), lm.n_heads, lm.n_kv) == (
         shape.vocab_size, shape.num_hidden_layers, shape.num_attention_heads,
         shape.num_key_value_heads)
+
+
+def test_truncated_gguf_draft_for_pytorch_is_refused_from_its_header(tiny, tmp_path):
+    """A .gguf run in PyTorch (--torch-draft) goes through the GGUF validator before transformers
+    parses it: a file cut inside its header is named as such, within the same bound."""
+    draft = tmp_path / "draft.gguf"
+    draft.write_bytes(Path(tiny.draft_gguf).read_bytes()[:4096])
+    start = time.perf_counter()
+    with pytest.raises(LocalspecError) as err:
+        TorchLM.load(draft, max_len=64, device="cpu")
+    assert time.perf_counter() - start < REFUSE_S
+    assert err.value.title == "Could not load the draft model" and "truncated" in err.value.cause
