@@ -101,7 +101,9 @@ CASES: dict[str, tuple[Callable[[Path], None], str]] = {
                            "more than a config"),
     "hidden-size-1e9": (lambda f: _config(f, hidden_size=10**9), "do not match config.json"),
     "vocab-1e12": (lambda f: _config(f, vocab_size=10**12), "do not match config.json"),
-    "layers-1e6": (lambda f: _config(f, num_hidden_layers=10**6), "says 1000000 layers"),
+    # without layer_types, which transformers would check: it then builds 10^6 layers (minutes, GBs)
+    "layers-1e6": (lambda f: _config(f, num_hidden_layers=10**6, layer_types=None),
+                   "says 1000000 layers"),
     "shapes-disagree": (lambda f: _config(f, intermediate_size=96), "intermediate_size 96"),
     "untied-head-missing": (lambda f: _config(f, tie_word_embeddings=False), "lm_head.weight"),
     "not-qwen-or-llama": (lambda f: _config(f, model_type="gpt2"), "model type 'gpt2'"),
