@@ -136,6 +136,10 @@ def weight_files(folder: Path) -> list[Path]:
     """The safetensors files transformers would read: the index's, else model.safetensors."""
     index = folder / INDEX
     if index.is_file():
+        if index.stat().st_size > MAX_HEADER:   # one line per tensor, like a header
+            raise _refuse("Draft weights index is unusable",
+                          f"{index}: {index.stat().st_size} bytes, more than an index "
+                          f"({MAX_HEADER >> 20} MiB)")
         try:
             names = sorted(set(json.loads(index.read_bytes())["weight_map"].values()))
             if not all(isinstance(n, str) and "/" not in n for n in names):

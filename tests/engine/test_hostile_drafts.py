@@ -68,6 +68,11 @@ def _too_short(folder: Path) -> None:
     (folder / "model.safetensors").write_bytes(b"\x10\x00")
 
 
+def _sparse(path: Path, size: int) -> None:
+    with path.open("wb") as fh:
+        fh.truncate(size)      # nothing written: the size is what counts
+
+
 def _index_names_missing_shard(folder: Path) -> None:
     (folder / "model.safetensors.index.json").write_text(json.dumps(
         {"weight_map": {"model.embed_tokens.weight": "model-00001-of-00002.safetensors",
@@ -114,11 +119,14 @@ CASES: dict[str, tuple[Callable[[Path], None], str]] = {
     "tensor-range-lies": (_tensor_range_lies, "model.embed_tokens.weight"),
     "weights-missing": (lambda f: (f / "model.safetensors").unlink(), "has no model.safetensors"),
     "index-names-missing-shard": (_index_names_missing_shard, "model-00001-of-00002.safetensors"),
+    "index-huge": (lambda f: _sparse(f / "model.safetensors.index.json", 1 << 30), "more than an index"),
+    "index-not-json": (lambda f: (f / "model.safetensors.index.json").write_text("{"),
+                       "index is unusable"),
 }
 
 
-def snapshot(folder: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+def snapshot(folder: Path) -> dict[str, tuple[int, int]]:
+    return {p.name: (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(folder.iterdir())}
 
 
 def peak_mb() -> float:
