@@ -74,7 +74,7 @@ def read_header(path: Path) -> dict[str, Tensor]:
         raw = fh.read(length)
     try:
         header = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as err:
         raise _refuse("Draft weights are not a safetensors file",
                       f"{path}: the header is not JSON ({err})") from None
     if not isinstance(header, dict):
@@ -125,7 +125,7 @@ def read_config(folder: Path) -> DraftShape:
             raise ValueError(f"head_dim is {head_dim!r}")
     except KeyError as err:
         raise _refuse("The draft's config.json is unusable", f"{path} has no {err}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError, TypeError, ValueError) as err:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError, TypeError, ValueError) as err:
         raise _refuse("The draft's config.json is unusable", f"{path}: {err!s:.300}") from None
     return DraftShape(model_type=str(config.get("model_type")), head_dim=head_dim,
                       tie_word_embeddings=bool(config.get("tie_word_embeddings")),
@@ -144,7 +144,7 @@ def weight_files(folder: Path) -> list[Path]:
             names = sorted(set(json.loads(index.read_bytes())["weight_map"].values()))
             if not all(isinstance(n, str) and "/" not in n for n in names):
                 raise ValueError("a weight file name that is not a file in the folder")
-        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError,
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError, KeyError, TypeError, ValueError,
                 AttributeError) as err:
             raise _refuse("Draft weights index is unusable", f"{index}: {err!s:.300}") from None
     else:

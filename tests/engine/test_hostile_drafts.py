@@ -64,6 +64,10 @@ def _header_not_json(folder: Path) -> None:
         fh.write(b"\xff{" * (n // 2) + b"x" * (n % 2))
 
 
+def _header(folder: Path, text: bytes) -> None:
+    (folder / "model.safetensors").write_bytes(struct.pack("<Q", len(text)) + text)
+
+
 def _too_short(folder: Path) -> None:
     (folder / "model.safetensors").write_bytes(b"\x10\x00")
 
@@ -120,6 +124,9 @@ CASES: dict[str, tuple[Callable[[Path], None], str]] = {
     "weights-missing": (lambda f: (f / "model.safetensors").unlink(), "has no model.safetensors"),
     "index-names-missing-shard": (_index_names_missing_shard, "model-00001-of-00002.safetensors"),
     "index-huge": (lambda f: _sparse(f / "model.safetensors.index.json", 1 << 30), "more than an index"),
+    "header-nested-too-deep": (lambda f: _header(f, b"[" * 200_000), "the header is not JSON"),
+    "config-nested-too-deep": (lambda f: (f / "config.json").write_bytes(b"[" * 200_000),
+                               "config.json is unusable"),
     "index-not-json": (lambda f: (f / "model.safetensors.index.json").write_text("{"),
                        "index is unusable"),
 }
