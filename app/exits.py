@@ -2,7 +2,9 @@
 message, so that no path ends in a raw traceback.
 
 * A LocalspecError (a cause the user can fix) prints title / cause / fix: exit 2.
-* Ctrl+C at any moment, model loading included, prints "interrupted": exit 130. llama.cpp calls
+* Ctrl+C at any moment, model loading included, prints "interrupted": exit 130. Before
+  `run_command` runs (the command line still importing), an uncaught KeyboardInterrupt ends the
+  same way through `quiet_uncaught_interrupts`, installed when localspec.app is imported. llama.cpp calls
   back into Python while it loads (its log), and a KeyboardInterrupt raised inside a ctypes
   callback is printed as "Exception ignored" and dropped, after which the command would run to
   its end and exit 0; such a dropped interrupt is delivered again until it lands in Python code.
@@ -78,6 +80,28 @@ def run_command(body: Callable[[], int]) -> int:
         return _fail(_render("Unexpected failure: this is a bug in localspec",
                              f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}{at}",
                              f"Run it again with {DEBUG_VAR}=1 for the traceback, and report it"))
+
+
+def quiet_uncaught_interrupts() -> None:
+    """Make a KeyboardInterrupt that nothing caught end the process as `run_command` ends it
+    ("interrupted", exit 130) instead of with a traceback; other exceptions go to the hook that
+    was there. Only an uncaught one reaches the hook, so code that catches KeyboardInterrupt
+    itself (run_command, the chat UI, a test runner importing localspec) is unaffected."""
+    previous = sys.excepthook
+
+    def hook(exc_type, exc, tb) -> None:
+        if not issubclass(exc_type, KeyboardInterrupt):
+            previous(exc_type, exc, tb)
+            return
+        signal.signal(signal.SIGINT, signal.SIG_IGN)   # a second Ctrl+C while exiting
+        _say("\ninterrupted")
+        try:
+            sys.stdout.flush()
+        except (OSError, ValueError):
+            pass   # stdout is gone: there is nothing left to flush into
+        os._exit(EXIT_INTERRUPTED)   # as the signal itself would end it: no exit handlers run
+
+    sys.excepthook = hook
 
 
 def _render(title: str, cause: str, fix: str) -> str:

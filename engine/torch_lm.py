@@ -31,6 +31,9 @@ from packaging.version import Version
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
+from localspec.models import safetensors_file
+from localspec.models.gguf_file import read_gguf
+
 from .errors import LocalspecError
 
 _MODEL_TYPES = ("qwen2", "llama")
@@ -130,6 +133,14 @@ def rope_inv_freq(config, head_dim: int) -> tuple[torch.Tensor, float]:
     return inv_freq.float(), float(scale)
 
 
+def _unsupported(model_type: str) -> LocalspecError:
+    return LocalspecError(
+        "Unsupported draft model",
+        f"model type {model_type}; the PyTorch draft runs {', '.join(_MODEL_TYPES)} models with "
+        "SiLU MLPs and full attention",
+        "Use a Qwen2/Qwen2.5 or Llama draft model sharing the target's vocabulary")
+
+
 def load_causal_lm(path: Path, dtype: torch.dtype) -> PreTrainedModel:
     """A transformers model from a folder (config.json + safetensors) or a .gguf file."""
     if not path.exists():
@@ -144,12 +155,21 @@ def load_causal_lm(path: Path, dtype: torch.dtype) -> PreTrainedModel:
         folder, kwargs["gguf_file"] = path.parent, path.name
         fix = "Check the file is a complete Qwen2/Llama GGUF; loading GGUF in PyTorch needs " \
               "`pip install gguf accelerate`"
+        try:
+            read_gguf(path)   # the header, validated in linear time, before transformers parses it
+        except LocalspecError as err:
+            raise LocalspecError("Could not load the draft model", f"{err.title}: {err.cause}",
+                                 err.fix) from None
     else:
         if not (path / "config.json").is_file():
             raise LocalspecError("Not a draft model folder", f"{path} has no config.json",
                                  "Pass the folder holding the model's config.json and *.safetensors "
                                  "(as downloaded from Hugging Face), or a .gguf file")
         folder, fix = path, "Re-download the draft model; the folder needs config.json and *.safetensors"
+        shape = safetensors_file.read_config(folder)   # before transformers allocates what it says
+        if shape.model_type not in _MODEL_TYPES:
+            raise _unsupported(f"'{shape.model_type}'")
+        safetensors_file.check_weights(folder, shape)
     try:
         return AutoModelForCausalLM.from_pretrained(folder, **kwargs)
     except (OSError, ValueError, ImportError, KeyError, RuntimeError) as e:
@@ -201,11 +221,7 @@ class TorchLM:
         cfg = model.config
         if cfg.model_type not in _MODEL_TYPES or cfg.hidden_act != "silu" \
                 or getattr(cfg, "use_sliding_window", False):
-            raise LocalspecError(
-                "Unsupported draft model",
-                f"model type '{cfg.model_type}' (activation {cfg.hidden_act}); the PyTorch draft runs "
-                f"{', '.join(_MODEL_TYPES)} models with SiLU MLPs and full attention",
-                "Use a Qwen2/Qwen2.5 or Llama draft model sharing the target's vocabulary")
+            raise _unsupported(f"'{cfg.model_type}' (activation {cfg.hidden_act})")
         self.device, self.dtype, self.max_len = device, dtype, max_len
         self.vocab_size = int(cfg.vocab_size)
         self.eps = float(cfg.rms_norm_eps)

@@ -1,0 +1,39 @@
+"""Hostile transformers drafts on the command line (issue 20): `generate --draft FOLDER` with a
+draft of another vocabulary or a folder whose config claims absurd sizes ends with exit 2, a
+title/cause/fix message, no traceback and no file of the folder or the data dir changed, within
+`QUICK_S` (the target loads first; the draft is refused from its headers). The engine tier
+(tests/engine/test_hostile_drafts.py) covers every kind of broken folder through the API."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from test_hostile_cli import QUICK_S, assert_clean_error, run_cli, snapshot
+
+
+def _absurd(folder: Path) -> None:
+    config = json.loads((folder / "config.json").read_text())
+    config |= {"hidden_size": 10**9, "num_hidden_layers": 10**6, "vocab_size": 10**12}
+    (folder / "config.json").write_text(json.dumps(config))
+
+
+@pytest.mark.parametrize("case", ["other-vocabulary", "absurd-sizes"])
+def test_generate_with_a_hostile_draft_folder(tiny, tmp_path, case):
+    if case == "other-vocabulary":
+        folder, needles = Path(tiny.other_vocab_torch), ("Draft vocabulary does not match", "300")
+    else:
+        folder = tmp_path / "draft"
+        shutil.copytree(tiny.draft_torch, folder)
+        _absurd(folder)
+        needles = ("Draft weights do not match config.json", "1000000 layers")
+    data = Path(os.environ["LOCALSPEC_DATA_DIR"])
+    before = snapshot(folder), snapshot(data)
+    proc = run_cli("generate", "hi", "--model", str(tiny.target_gguf), "--draft", str(folder),
+                   "--max-tokens", "4", timeout=QUICK_S)
+    assert_clean_error(proc, *needles)
+    assert proc.stdout == b""
+    assert (snapshot(folder), snapshot(data)) == before
