@@ -17,6 +17,7 @@ from typing import Iterable
 
 from localspec.models.errors import LocalspecError
 from localspec.models.gguf_file import token_texts
+from localspec.models.safetensors_file import MAX_CONFIG
 
 WANTED = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
           "special_tokens_map.json", "vocab.json", "merges.txt", "added_tokens.json",
@@ -43,9 +44,12 @@ def is_torch_repo(names: Iterable[str]) -> bool:
 
 def config_vocab_size(raw: bytes, label: str) -> int:
     try:
+        if len(raw) > MAX_CONFIG:
+            raise ValueError(f"{len(raw):,} bytes: a config.json is a few KiB")
         config = json.loads(raw)
         return int(config["vocab_size"])
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError) as err:
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError,
+            RecursionError) as err:   # RecursionError: JSON nested deeper than Python's stack
         raise LocalspecError("The draft's config.json is unusable", f"{label}: {err!r}",
                              "Pick a transformers model repo or folder (config.json with "
                              "vocab_size, safetensors weights)") from None
@@ -58,7 +62,8 @@ def check_against(target: Path, files: dict[str, Path], target_name: str,
     if "config.json" not in files or not any(n.endswith(".safetensors") for n in files):
         raise LocalspecError("Not a transformers draft", f"'{draft_name}' has no config.json or "
                              "no .safetensors weights", "Pick a transformers model repo or folder")
-    config_raw = files["config.json"].read_bytes()
+    with open(files["config.json"], "rb") as config:
+        config_raw = config.read(MAX_CONFIG + 1)   # a larger one is refused, not read whole
     vocab_size = config_vocab_size(config_raw, f"{draft_name}/config.json")
     tokens = token_texts(target)
     if vocab_size != len(tokens):
