@@ -276,3 +276,21 @@ def test_forget_reaches_the_store_with_the_personal_drafter_off(engine, tiny):
         assert _conversation_rows(name) == 0
     finally:
         off.close()
+
+
+def test_a_context_too_small_for_the_tree_is_an_error_each_time_not_an_abort(tiny):
+    """chat --ctx 60 aborted inside llama.cpp, and F5 aborted again: the engine now refuses the
+    context with the size that works, and a restart refuses it the same way."""
+    engine = EngineProcess(EngineSpec(model=str(tiny.target_gguf), n_ctx=60))
+    try:
+        for begin in (engine.start, engine.restart):   # the first start, then what F5 does
+            begin()
+            error = wait_for(engine, (Error,), timeout=120)[-1]
+            assert isinstance(error, Error), error
+            assert error.title == "Context too small for speculation" and "--ctx 66" in error.fix
+            deadline = time.monotonic() + 30
+            while engine.alive and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert not engine.alive and engine.poll() is None   # exited cleanly: no Crashed
+    finally:
+        engine.close()
