@@ -30,7 +30,8 @@ test: install bench-models
 
 # Test tiers: tests/unit (pure logic, seconds), tests/engine (the tiny models), tests/app (the CLI,
 # the engine process, the chat screen under Pilot) and tests/system (wheel, clean venv, pull against a
-# local hub, tmux, the reference pair). `make test` runs them all; test-fast the first three.
+# local hub, tmux, the reference pair, the hostile-input suite). `make test` runs them all; test-fast
+# the first three.
 test-fast: install
 	$(BIN)/python -m pytest -q tests/unit tests/engine tests/app
 
