@@ -1,8 +1,8 @@
 """Hostile transformers drafts on the command line (issue 20): `generate --draft FOLDER` with a
 draft of another vocabulary or a folder whose config claims absurd sizes ends with exit 2, a
 title/cause/fix message, no traceback and no file of the folder or the data dir changed, within
-`QUICK_S` (the target loads first; the draft is refused from its headers). The engine tier
-(tests/engine/test_hostile_drafts.py) covers every kind of broken folder through the API."""
+`QUICK_S` (the target loads first; the draft is refused from its headers).
+test_hostile_drafts.py covers every kind of broken folder through the API."""
 from __future__ import annotations
 
 import json
