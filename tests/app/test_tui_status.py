@@ -41,14 +41,26 @@ async def ticks(pilot) -> None:
     await pilot.pause(0.15)
 
 
+async def until(pilot, done, seconds: float = 10.0) -> None:
+    """Let the app run until `done()` holds (its timer drains the engine's events): a fixed pause
+    was too short for a reply's events on a loaded machine."""
+    for _ in range(int(seconds / 0.05)):
+        if done():
+            return
+        await pilot.pause(0.05)
+    raise AssertionError("the chat screen did not get there in time")
+
+
 async def reply_with(app: ChatApp, pilot, stats: dict) -> None:
     """Send a message; the scripted engine finishes the reply with `stats`."""
+    sent = len(app.engine.requests)
     app.chat.query_one("#prompt").text = "How do I reverse a string?"
     await pilot.press("enter")
-    await ticks(pilot)
+    await until(pilot, lambda: len(app.engine.requests) > sent and app.chat.reply is not None)
     op, args, _ = app.engine.requests[-1]
     assert op == "generate"
     app.engine.inject(Done(args[0], "stop", "Use s[::-1].", stats))
+    await until(pilot, lambda: app.chat.reply is None)
     await ticks(pilot)
 
 
