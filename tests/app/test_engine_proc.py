@@ -223,6 +223,14 @@ def test_a_first_run_reports_its_calibration_before_ready(tiny, tmp_path, monkey
     assert until_ready() == []
 
 
+def assert_exited_cleanly(engine: EngineProcess) -> None:
+    """The engine process ends on its own after an Error at start, with no Crashed."""
+    deadline = time.monotonic() + 30
+    while engine.alive and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not engine.alive and engine.poll() is None
+
+
 def test_missing_model_is_an_error_not_a_crash(tmp_path):
     engine = EngineProcess(EngineSpec(model=str(tmp_path / "nope.gguf")))
     engine.start()
@@ -230,10 +238,7 @@ def test_missing_model_is_an_error_not_a_crash(tmp_path):
         error = wait_for(engine, (Error,), timeout=120)[-1]
         assert isinstance(error, Error) and error.request_id is None
         assert error.title == "Model not found" and ".gguf" in error.fix
-        deadline = time.monotonic() + 30
-        while engine.alive and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not engine.alive and engine.poll() is None   # exited cleanly: no Crashed
+        assert_exited_cleanly(engine)
     finally:
         engine.close()
 
@@ -288,9 +293,6 @@ def test_a_context_too_small_for_the_tree_is_an_error_each_time_not_an_abort(tin
             error = wait_for(engine, (Error,), timeout=120)[-1]
             assert isinstance(error, Error), error
             assert error.title == "Context too small for speculation" and "--ctx 66" in error.fix
-            deadline = time.monotonic() + 30
-            while engine.alive and time.monotonic() < deadline:
-                time.sleep(0.05)
-            assert not engine.alive and engine.poll() is None   # exited cleanly: no Crashed
+            assert_exited_cleanly(engine)
     finally:
         engine.close()
