@@ -39,6 +39,7 @@ from llama_cpp import llama_cpp as _raw  # noqa: E402
 
 TILED_MIN = "GGML_CPU_TILED_MM_MIN"   # packaging/patches: fewest batch rows on ggml's tiled matmul
 FA_SPLIT_KV = "GGML_CPU_FA_SPLIT_KV"  # packaging/patches: 0 keeps one query's KV cells on one thread
+MULTICOL_MAX = "GGML_CPU_MULTICOL_MAX"  # packaging/patches: most batch rows on the multi-column kernels
 
 
 # ---- the log ------------------------------------------------------------------------------------
@@ -123,6 +124,12 @@ def has_exact_switches() -> bool:
     return has_marker("localspec_fa_split_kv_switch") and has_marker("localspec_tiled_mm_min_switch")
 
 
+def has_multicol_kernels() -> bool:
+    """Whether ggml's CPU matmul here has packaging/patches' multi-column Q4_K/Q6_K kernels (built
+    where the CPU has AVX-512 VNNI)."""
+    return has_marker("localspec_multicol_switch")
+
+
 def has_tiled_min_switch() -> bool:
     """Whether TILED_MIN (packaging/patches) steers ggml's tiled matmul here."""
     return has_marker("localspec_tiled_mm_min_switch")
@@ -169,13 +176,14 @@ def switches(values: dict[str, str]) -> Iterator[None]:
                 os.environ[key] = value
 
 
-EXACT_SWITCHES = {TILED_MIN: str(1 << 30), FA_SPLIT_KV: "0"}
+EXACT_SWITCHES = {TILED_MIN: str(1 << 30), FA_SPLIT_KV: "0", MULTICOL_MAX: "0"}
 
 
 class ExactNumerics:
     """What exact numerics need from the process, held while any exact model is open (the switches
     are process-wide): ggml's tiled K-quant matmul, taken from 8 rows of a batch up, sums in
-    another order than the one-row path, so its row floor goes out of reach; ggml's flash
+    another order than the one-row path, so its row floor goes out of reach, and so do the
+    multi-column kernels (a batch's columns agree with each other, not with vec_dot); ggml's flash
     attention splits a single query's KV cells over threads once 512 are in view (a context past
     256 tokens), which a batch's rows never do, so that is off. A context manager: the first
     holder sets the switches, the last one out puts back what was there."""

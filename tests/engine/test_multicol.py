@@ -1,0 +1,95 @@
+"""packaging/patches' multi-column Q4_K / Q6_K kernels, against ggml's own row-by-row path.
+
+A batch of 2..16 activation columns of a Q4_K or Q6_K mul_mat takes the kernels when
+GGML_CPU_MULTICOL_MAX allows it (unset: 16) and vec_dot per column when it is 0: one build, both
+paths, switched per call. On random weights and activations, for every width 1..16, the kernels'
+output lies within a stated tolerance of vec_dot's, and each column's output is the same bit for
+bit at every width from 2 up (what batch-invariant verification relies on). ggml is driven
+through its C API (ctypes), no model needed.
+"""
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import pytest
+
+from localspec.engine import native
+
+Q4_K, Q6_K = 12, 14          # enum ggml_type
+F32 = 0
+ROWS, K, COLS = 96, 768, 16  # three 256-code blocks a row
+# the kernels sum in another order than vec_dot: float rounding, relative to the output's scale
+TOLERANCE = 2e-5
+
+pytestmark = pytest.mark.skipif(not native.has_multicol_kernels(),
+                                reason="llama.cpp built without the multi-column kernels "
+                                       "(they need AVX-512 VNNI and packaging/patches)")
+
+
+class _InitParams(ctypes.Structure):
+    _fields_ = [("mem_size", ctypes.c_size_t), ("mem_buffer", ctypes.c_void_p),
+                ("no_alloc", ctypes.c_bool)]
+
+
+def _ggml() -> ctypes.CDLL:
+    libs = {f.name.split(".so")[0]: f for f in native.libraries()}
+    base = ctypes.CDLL(str(libs["libggml-base"]))
+    cpu = ctypes.CDLL(str(libs["libggml-cpu"]))
+    p = ctypes.c_void_p
+    base.ggml_init.restype, base.ggml_init.argtypes = p, [_InitParams]
+    base.ggml_free.argtypes = [p]
+    base.ggml_new_tensor_2d.restype = p
+    base.ggml_new_tensor_2d.argtypes = [p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    base.ggml_get_data.restype, base.ggml_get_data.argtypes = p, [p]
+    base.ggml_quantize_chunk.restype = ctypes.c_size_t
+    base.ggml_quantize_chunk.argtypes = [ctypes.c_int, p, p, ctypes.c_int64, ctypes.c_int64,
+                                         ctypes.c_int64, p]
+    base.ggml_mul_mat.restype, base.ggml_mul_mat.argtypes = p, [p, p, p]
+    base.ggml_new_graph.restype, base.ggml_new_graph.argtypes = p, [p]
+    base.ggml_build_forward_expand.argtypes = [p, p]
+    cpu.ggml_graph_compute_with_ctx.restype = ctypes.c_int
+    cpu.ggml_graph_compute_with_ctx.argtypes = [p, p, ctypes.c_int]
+    cpu.ggml_cpu_init()
+    return base, cpu
+
+
+def _mul_mat(kind: int, weights: np.ndarray, acts: np.ndarray, multicol: str) -> np.ndarray:
+    """ggml_mul_mat of `weights` (ROWS x K f32, quantized to `kind`) by the columns of `acts`
+    (n x K f32) on 2 threads, with GGML_CPU_MULTICOL_MAX=multicol: n x ROWS f32."""
+    base, cpu = _ggml()
+    ctx = base.ggml_init(_InitParams(64 << 20, None, False))
+    try:
+        w = base.ggml_new_tensor_2d(ctx, kind, K, ROWS)
+        src = np.ascontiguousarray(weights, dtype=np.float32)
+        base.ggml_quantize_chunk(kind, src.ctypes.data, base.ggml_get_data(w), 0, ROWS, K, None)
+        x = base.ggml_new_tensor_2d(ctx, F32, K, len(acts))
+        ctypes.memmove(base.ggml_get_data(x), np.ascontiguousarray(acts, np.float32).ctypes.data,
+                       acts.size * 4)
+        y = base.ggml_mul_mat(ctx, w, x)
+        graph = base.ggml_new_graph(ctx)
+        base.ggml_build_forward_expand(graph, y)
+        with native.switches({native.MULTICOL_MAX: multicol, native.TILED_MIN: str(1 << 30)}):
+            assert cpu.ggml_graph_compute_with_ctx(ctx, graph, 2) == 0
+        out = np.ctypeslib.as_array(ctypes.cast(base.ggml_get_data(y), ctypes.POINTER(ctypes.c_float)),
+                                    shape=(len(acts), ROWS))
+        return out.copy()
+    finally:
+        base.ggml_free(ctx)
+
+
+@pytest.mark.parametrize("kind", [Q4_K, Q6_K], ids=["Q4_K", "Q6_K"])
+def test_multicol_matches_vec_dot_at_every_width_and_columns_agree_across_widths(kind):
+    rng = np.random.default_rng(kind)
+    weights = rng.normal(size=(ROWS, K)).astype(np.float32)
+    acts = rng.normal(size=(COLS, K)).astype(np.float32) * rng.uniform(0.1, 3, size=(COLS, 1))
+    reference = _mul_mat(kind, weights, acts, "0")          # vec_dot per (row, column)
+    scale = float(np.abs(reference).max())
+    widest = _mul_mat(kind, weights, acts, "16")
+    assert not np.array_equal(widest, reference), "the kernels did not run (identical to vec_dot)"
+    for n in range(1, COLS + 1):
+        got = _mul_mat(kind, weights, acts[:n], "16")
+        err = float(np.abs(got - reference[:n]).max()) / scale
+        assert err <= TOLERANCE, f"{n} columns: {err:.2e} of the output's scale from vec_dot"
+        if n >= 2:   # one column goes to vec_dot (the kernels start at 2)
+            assert np.array_equal(got, widest[:n]), f"a column's output changed at {n} columns"
