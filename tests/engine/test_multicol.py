@@ -1,11 +1,12 @@
-"""packaging/patches' multi-column Q4_K / Q6_K kernels, against ggml's own row-by-row path.
+"""packaging/patches' multi-column Q4_K / Q6_K kernels, against ggml's own kernels.
 
 A batch of 2..16 activation columns of a Q4_K or Q6_K mul_mat takes the kernels when
-GGML_CPU_MULTICOL_MAX allows it (unset: 16) and vec_dot per column when it is 0: one build, both
-paths, switched per call. On random weights and activations, for every width 1..16, the kernels'
-output lies within a stated tolerance of vec_dot's, and each column's output is the same bit for
-bit at every width from 2 up (what batch-invariant verification relies on). ggml is driven
-through its C API (ctypes), no model needed.
+GGML_CPU_MULTICOL_MAX allows it (unset: 16) and ggml's own when it is 0: one build, both paths,
+switched per call. Three layouts: Q4_K and Q6_K rows as stored (ggml's vec_dot per column), and
+Q4_K repacked 8 rows at a time in the CPU backend's extra buffer (the layout llama.cpp loads
+Q4_K weights in; ggml's gemm/gemv). On random weights and activations, for every width 1..16,
+the kernels' output lies within a stated tolerance of ggml's, and each column's output is the
+same bit for bit at every width from 2 up. ggml is driven through its C API (ctypes), no model.
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ class _InitParams(ctypes.Structure):
                 ("no_alloc", ctypes.c_bool)]
 
 
-def _ggml() -> ctypes.CDLL:
+def _ggml() -> tuple[ctypes.CDLL, ctypes.CDLL]:
     libs = {f.name.split(".so")[0]: f for f in native.libraries()}
     base = ctypes.CDLL(str(libs["libggml-base"]))
     cpu = ctypes.CDLL(str(libs["libggml-cpu"]))
@@ -48,21 +49,60 @@ def _ggml() -> ctypes.CDLL:
     base.ggml_mul_mat.restype, base.ggml_mul_mat.argtypes = p, [p, p, p]
     base.ggml_new_graph.restype, base.ggml_new_graph.argtypes = p, [p]
     base.ggml_build_forward_expand.argtypes = [p, p]
+    base.ggml_nbytes.restype, base.ggml_nbytes.argtypes = ctypes.c_size_t, [p]
+    base.ggml_backend_reg_get_proc_address.restype = p
+    base.ggml_backend_reg_get_proc_address.argtypes = [p, ctypes.c_char_p]
+    base.ggml_backend_reg_dev_get.restype = p
+    base.ggml_backend_reg_dev_get.argtypes = [p, ctypes.c_size_t]
+    base.ggml_backend_buft_name.restype, base.ggml_backend_buft_name.argtypes = ctypes.c_char_p, [p]
+    base.ggml_backend_alloc_ctx_tensors_from_buft.restype = p
+    base.ggml_backend_alloc_ctx_tensors_from_buft.argtypes = [p, p]
+    base.ggml_backend_tensor_set.argtypes = [p, p, ctypes.c_size_t, ctypes.c_size_t]
+    base.ggml_backend_buffer_free.argtypes = [p]
+    cpu.ggml_backend_cpu_reg.restype = p
     cpu.ggml_graph_compute_with_ctx.restype = ctypes.c_int
     cpu.ggml_graph_compute_with_ctx.argtypes = [p, p, ctypes.c_int]
     cpu.ggml_cpu_init()
     return base, cpu
 
 
-def _mul_mat(kind: int, weights: np.ndarray, acts: np.ndarray, multicol: str) -> np.ndarray:
-    """ggml_mul_mat of `weights` (ROWS x K f32, quantized to `kind`) by the columns of `acts`
-    (n x K f32) on 2 threads, with GGML_CPU_MULTICOL_MAX=multicol: n x ROWS f32."""
+def _repack_buffer_type(base: ctypes.CDLL, cpu: ctypes.CDLL) -> int:
+    """The CPU backend's extra buffer type that repacks weights (llama.cpp's default for Q4_K)."""
+    reg = cpu.ggml_backend_cpu_reg()
+    get = base.ggml_backend_reg_get_proc_address(reg, b"ggml_backend_dev_get_extra_bufts")
+    bufts = ctypes.CFUNCTYPE(ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p)(get)(
+        base.ggml_backend_reg_dev_get(reg, 0))
+    i = 0
+    while bufts[i]:
+        if base.ggml_backend_buft_name(bufts[i]) == b"CPU_REPACK":
+            return bufts[i]
+        i += 1
+    raise AssertionError("this llama.cpp build has no CPU_REPACK buffer type")
+
+
+def _mul_mat(kind: int, weights: np.ndarray, acts: np.ndarray, multicol: str,
+             repack: bool = False) -> np.ndarray:
+    """ggml_mul_mat of `weights` (ROWS x K f32, quantized to `kind`; in the repacking buffer
+    type when `repack`) by the columns of `acts` (n x K f32) on 2 threads, with
+    GGML_CPU_MULTICOL_MAX=multicol: n x ROWS f32."""
     base, cpu = _ggml()
+    quantized = np.zeros(ROWS * K, dtype=np.uint8)     # more than any 4-/6-bit row needs
+    src = np.ascontiguousarray(weights, dtype=np.float32)
+    base.ggml_quantize_chunk(kind, src.ctypes.data, quantized.ctypes.data, 0, ROWS, K, None)
+    wctx = base.ggml_init(_InitParams(1 << 20, None, True))
     ctx = base.ggml_init(_InitParams(64 << 20, None, False))
+    buffer = None
     try:
-        w = base.ggml_new_tensor_2d(ctx, kind, K, ROWS)
-        src = np.ascontiguousarray(weights, dtype=np.float32)
-        base.ggml_quantize_chunk(kind, src.ctypes.data, base.ggml_get_data(w), 0, ROWS, K, None)
+        w = base.ggml_new_tensor_2d(wctx, kind, K, ROWS)
+        buft = _repack_buffer_type(base, cpu) if repack else None
+        if buft is not None:
+            buffer = base.ggml_backend_alloc_ctx_tensors_from_buft(wctx, buft)
+            base.ggml_backend_tensor_set(w, quantized.ctypes.data, 0, base.ggml_nbytes(w))
+        else:
+            base.ggml_free(wctx)
+            wctx = None
+            w = base.ggml_new_tensor_2d(ctx, kind, K, ROWS)
+            ctypes.memmove(base.ggml_get_data(w), quantized.ctypes.data, base.ggml_nbytes(w))
         x = base.ggml_new_tensor_2d(ctx, F32, K, len(acts))
         ctypes.memmove(base.ggml_get_data(x), np.ascontiguousarray(acts, np.float32).ctypes.data,
                        acts.size * 4)
@@ -76,20 +116,27 @@ def _mul_mat(kind: int, weights: np.ndarray, acts: np.ndarray, multicol: str) ->
         return out.copy()
     finally:
         base.ggml_free(ctx)
+        if wctx is not None:
+            base.ggml_free(wctx)
+        if buffer is not None:
+            base.ggml_backend_buffer_free(buffer)
 
 
-@pytest.mark.parametrize("kind", [Q4_K, Q6_K], ids=["Q4_K", "Q6_K"])
-def test_multicol_matches_vec_dot_at_every_width_and_columns_agree_across_widths(kind):
-    rng = np.random.default_rng(kind)
+@pytest.mark.parametrize("kind, repack", [(Q4_K, False), (Q6_K, False), (Q4_K, True)],
+                         ids=["Q4_K", "Q6_K", "Q4_K-repacked"])
+def test_multicol_matches_ggml_at_every_width_and_columns_agree_across_widths(kind, repack):
+    rng = np.random.default_rng(kind + repack)
     weights = rng.normal(size=(ROWS, K)).astype(np.float32)
     acts = rng.normal(size=(COLS, K)).astype(np.float32) * rng.uniform(0.1, 3, size=(COLS, 1))
-    reference = _mul_mat(kind, weights, acts, "0")          # vec_dot per (row, column)
+    reference = _mul_mat(kind, weights, acts, "0", repack)    # ggml's own kernels
+    if repack:   # ggml's repacked gemm sums in another order than vec_dot: the repacking ran
+        assert not np.array_equal(reference, _mul_mat(kind, weights, acts, "0"))
     scale = float(np.abs(reference).max())
-    widest = _mul_mat(kind, weights, acts, "16")
-    assert not np.array_equal(widest, reference), "the kernels did not run (identical to vec_dot)"
+    widest = _mul_mat(kind, weights, acts, "16", repack)
+    assert not np.array_equal(widest, reference), "the kernels did not run (identical to ggml's)"
     for n in range(1, COLS + 1):
-        got = _mul_mat(kind, weights, acts[:n], "16")
+        got = _mul_mat(kind, weights, acts[:n], "16", repack)
         err = float(np.abs(got - reference[:n]).max()) / scale
-        assert err <= TOLERANCE, f"{n} columns: {err:.2e} of the output's scale from vec_dot"
-        if n >= 2:   # one column goes to vec_dot (the kernels start at 2)
+        assert err <= TOLERANCE, f"{n} columns: {err:.2e} of the output's scale from ggml's"
+        if n >= 2:   # one column keeps ggml's kernel (the multi-column ones start at 2)
             assert np.array_equal(got, widest[:n]), f"a column's output changed at {n} columns"
