@@ -20,8 +20,11 @@ from localspec.engine import native
 Q4_K, Q6_K = 12, 14          # enum ggml_type
 F32 = 0
 ROWS, K, COLS = 96, 768, 16  # three 256-code blocks a row
-# the kernels sum in another order than vec_dot: float rounding, relative to the output's scale
+# the kernels sum in another order than ggml's: float rounding, relative to the output's scale
 TOLERANCE = 2e-5
+# ggml's own result against the float product of the unquantized inputs (4-/6-bit weights,
+# 8-bit activations): a sanity bound on the reference, relative to the output's scale
+QUANTIZATION_ERROR = 0.1
 
 pytestmark = pytest.mark.skipif(not native.has_multicol_kernels(),
                                 reason="llama.cpp built without the multi-column kernels "
@@ -104,8 +107,8 @@ def _mul_mat(kind: int, weights: np.ndarray, acts: np.ndarray, multicol: str,
             w = base.ggml_new_tensor_2d(ctx, kind, K, ROWS)
             ctypes.memmove(base.ggml_get_data(w), quantized.ctypes.data, base.ggml_nbytes(w))
         x = base.ggml_new_tensor_2d(ctx, F32, K, len(acts))
-        ctypes.memmove(base.ggml_get_data(x), np.ascontiguousarray(acts, np.float32).ctypes.data,
-                       acts.size * 4)
+        columns = np.ascontiguousarray(acts, np.float32)   # held: memmove reads it
+        ctypes.memmove(base.ggml_get_data(x), columns.ctypes.data, columns.nbytes)
         y = base.ggml_mul_mat(ctx, w, x)
         graph = base.ggml_new_graph(ctx)
         base.ggml_build_forward_expand(graph, y)
@@ -129,9 +132,11 @@ def test_multicol_matches_ggml_at_every_width_and_columns_agree_across_widths(ki
     weights = rng.normal(size=(ROWS, K)).astype(np.float32)
     acts = rng.normal(size=(COLS, K)).astype(np.float32) * rng.uniform(0.1, 3, size=(COLS, 1))
     reference = _mul_mat(kind, weights, acts, "0", repack)    # ggml's own kernels
+    unquantized = acts @ weights.T                             # what both approximate
+    scale = float(np.abs(unquantized).max())
+    assert np.abs(reference - unquantized).max() <= QUANTIZATION_ERROR * scale
     if repack:   # ggml's repacked gemm sums in another order than vec_dot: the repacking ran
         assert not np.array_equal(reference, _mul_mat(kind, weights, acts, "0"))
-    scale = float(np.abs(reference).max())
     widest = _mul_mat(kind, weights, acts, "16", repack)
     assert not np.array_equal(widest, reference), "the kernels did not run (identical to ggml's)"
     for n in range(1, COLS + 1):
