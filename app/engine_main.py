@@ -1,7 +1,7 @@
 """The engine process's side of app/engine_proc.py: `python -m localspec.app.engine_main`.
 
 It reads JSON requests from stdin, one a line, and writes JSON events to its stdout, one a line.
-The first request is {"op": "open", "spec": EngineSpec}; the rest are generate / stop / learn /
+The first request is {"op": "open", "spec": Options}; the rest are generate / stop / learn /
 forget / exit. A thread reads stdin the whole time, so a stop reaches a running generation, which
 checks for it between rounds and closes its stream there (every generation resets the target, so
 the engine stays consistent). The protocol owns the real stdout: file descriptor 1 is pointed at

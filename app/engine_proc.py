@@ -32,12 +32,6 @@ from typing import IO, Iterator, Union
 from localspec.engine.options import Options
 
 
-# What the engine process loads, and restart() reloads: engine/options.Options, sent as JSON.
-# model and draft as the user gave them (a path or an installed model's name: the child resolves
-# them, app/paths.resolve_models); use_draft False: no draft, not even an installed model's own.
-EngineSpec = Options
-
-
 # ---- events -------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Ready:
@@ -153,7 +147,10 @@ class _Child:
 
 
 class EngineProcess:
-    def __init__(self, spec: EngineSpec) -> None:
+    # What the engine process loads, and restart() reloads: engine/options.Options, sent as JSON.
+    # model and draft as the user gave them (a path or an installed model's name: the child resolves
+    # them, app/paths.resolve_models); use_draft False: no draft, not even an installed model's own.
+    def __init__(self, spec: Options) -> None:
         self.spec = spec
         self._events: queue.Queue[Event] = queue.Queue()
         self._child: _Child | None = None

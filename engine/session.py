@@ -20,9 +20,6 @@ from .config import GenerationRequest, SamplingParams
 from .generation import Event, Generation, finish
 from .options import Options
 
-# The options' former name, kept for the library API.
-EngineConfig = Options
-
 
 def draft_runs_in_torch(path: Path | None, torch_draft: bool = False) -> bool:
     """Whether the draft at `path` runs in PyTorch (a transformers folder always does, a .gguf

@@ -6,14 +6,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from localspec.app.engine_proc import Crashed, Done, EngineProcess, EngineSpec, Ready, Token
+from localspec.app.engine_proc import Crashed, Done, EngineProcess, Ready, Token
 from localspec.app.history import History
 from localspec.app.settings import Settings
 from localspec.app.tui.app import ChatApp
 from localspec.engine.config import TreeBudget
+from localspec.engine.options import Options
 
 # Test-sized engine: one thread, a small context, small trees.
-SPEC = EngineSpec(model="", n_ctx=1024, n_threads=1, budget=TreeBudget(max_nodes=8, adaptive=True))
+SPEC = Options(model="", n_ctx=1024, n_threads=1, budget=TreeBudget(max_nodes=8, adaptive=True))
 
 
 async def wait_until(pilot, condition, timeout: float = 60.0, what: str = "") -> None:
@@ -31,7 +32,7 @@ class GatedEngine(EngineProcess):
     set, everything after a reply's first non-empty Token waits until `release()`, so the test
     presses Esc (or kills the engine) while the UI shows a partial reply."""
 
-    def __init__(self, spec: EngineSpec) -> None:
+    def __init__(self, spec: Options) -> None:
         super().__init__(spec)
         self.hold_after_first_token = False
         self.held: list = []
@@ -78,7 +79,7 @@ class Harness:
     def chat(self):
         return self.app.chat
 
-    def factory(self, spec: EngineSpec):
+    def factory(self, spec: Options):
         engine = GatedEngine(spec)
         self.engines.append(engine)
         return engine
@@ -143,7 +144,7 @@ class ScriptedEngine:
     """An engine that only reports it is ready (snapshots show stored conversations, never live
     output). It records the requests it is sent."""
 
-    def __init__(self, spec: EngineSpec) -> None:
+    def __init__(self, spec: Options) -> None:
         self.spec, self.requests, self._events = spec, [], [DEMO_READY]
 
     def start(self) -> None: ...

@@ -20,7 +20,7 @@ from typing import Callable, Protocol
 
 from textual.app import App
 
-from localspec.app.engine_proc import EngineProcess, EngineSpec, Error
+from localspec.app.engine_proc import EngineProcess, Error
 from localspec.app.history import History
 from localspec.app.run_options import edited, over, settings_options, spec_flags
 from localspec.app.settings import Settings, save_settings
@@ -31,6 +31,7 @@ from .dialogs import SettingsScreen
 from .first_run import FirstRunScreen
 from .styles import CSS
 from .terminal import TolerantDriver, exit_on_signals
+from localspec.engine.options import Options
 
 POLL_HZ = 30
 MAX_EVENTS_PER_TICK = 200
@@ -49,7 +50,7 @@ class Engine(Protocol):
     def forget(self, conversation_id: str) -> None: ...
 
 
-EngineFactory = Callable[[EngineSpec], Engine]
+EngineFactory = Callable[[Options], Engine]
 
 
 class ChatApp(App):
@@ -59,7 +60,7 @@ class ChatApp(App):
 
     def __init__(self, settings: Settings, history: History, *,
                  engine_factory: EngineFactory = EngineProcess,
-                 engine_spec: EngineSpec | None = None,
+                 engine_spec: Options | None = None,
                  settings_file: Path | None = None,
                  notice: LocalspecError | None = None,
                  run_flags: dict[str, object] | None = None) -> None:
@@ -72,7 +73,7 @@ class ChatApp(App):
         super().__init__(driver_class=TolerantDriver)
         self.settings, self.history = settings, history
         self.engine_factory, self.settings_file = engine_factory, settings_file
-        self.base_spec = engine_spec or EngineSpec(model="")
+        self.base_spec = engine_spec or Options(model="")
         # this run's flags over the saved settings (app/run_options.py holds the rule)
         self.run_flags = dict(run_flags) if run_flags is not None else spec_flags(self.base_spec)
         # a --head was trained for the model chat started with
@@ -123,7 +124,7 @@ class ChatApp(App):
         """S with this run's flags over them."""
         return over(s, self.run_flags)
 
-    def spec_for(self, s: Settings) -> EngineSpec:
+    def spec_for(self, s: Settings) -> Options:
         run = self.run_settings(s)
         return replace(settings_options(run, self.base_spec),
                        head=self.base_spec.head if run.model == self.head_model else None)

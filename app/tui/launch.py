@@ -6,10 +6,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from localspec.app.engine_proc import EngineProcess, EngineSpec
+from localspec.app.engine_proc import EngineProcess
 from localspec.app.history import History
 from localspec.app.run_options import given, options_from_flags, settings_flags
 from localspec.app.settings import load_settings_or_default
+from localspec.engine.options import Options
 
 
 def run_chat(args: argparse.Namespace) -> int:
@@ -40,6 +41,6 @@ def chat_app(args: argparse.Namespace, history: History, *, settings_file: Path 
     settings, notice = load_settings_or_default(settings_file)
     # the flags shape this run's engine; over the saved settings they stand for this run only
     # (app/run_options.py), so saving the settings screen does not store them
-    spec = options_from_flags(flags, EngineSpec(model=""))
+    spec = options_from_flags(flags, Options(model=""))
     return ChatApp(settings, history, engine_factory=engine_factory, engine_spec=spec,
                    settings_file=settings_file, notice=notice, run_flags=settings_flags(flags))

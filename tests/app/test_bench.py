@@ -14,14 +14,15 @@ from localspec.app.humaneval_check import pass_at_1, truncate
 from localspec.app.workloads import Prompt, humaneval_problems
 from localspec.engine.budget import Arm
 from localspec.engine.config import SamplingParams, TreeBudget
-from localspec.engine.session import EngineConfig, Session
+from localspec.engine.session import Session
 from localspec.models.ngram_store import NgramStore, vocab_key
+from localspec.engine.options import Options
 from tiny_models import held_out_corpus
 
 
 @pytest.fixture(scope="module")
 def tiny_prompts(tiny):
-    session = Session(EngineConfig(tiny.target_gguf, speculation=False, n_ctx=512, n_threads=1))
+    session = Session(Options(tiny.target_gguf, speculation=False, n_ctx=512, n_threads=1))
     try:
         docs = held_out_corpus(8)
         return [Prompt(f"doc{i}", tuple(session.raw_prompt(d[:80]))) for i, d in enumerate(docs[:4])]
@@ -33,7 +34,7 @@ def tiny_prompts(tiny):
 def tiny_store(tiny, tmp_path):
     """A scratch n-gram store learnt from held-out documents (the `ngram` stage's source)."""
     store = NgramStore.open(vocab_key(tiny.target_gguf), tmp_path / "ngrams.sqlite")
-    session = Session(EngineConfig(tiny.target_gguf, speculation=False, n_ctx=512, n_threads=1))
+    session = Session(Options(tiny.target_gguf, speculation=False, n_ctx=512, n_threads=1))
     for i, doc in enumerate(held_out_corpus(60)[10:]):
         store.add("file", f"doc{i}", session.raw_prompt(doc))
     session.close()

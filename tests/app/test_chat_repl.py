@@ -6,14 +6,15 @@ import io
 
 from localspec.app.repl import chat_loop
 from localspec.engine.config import SamplingParams, TreeBudget
-from localspec.engine.session import EngineConfig, Session
+from localspec.engine.session import Session
+from localspec.engine.options import Options
 
 
 def test_chat_learns_and_personal_drafter_stays_exact(tiny, tmp_path, monkeypatch):
     monkeypatch.setenv("LOCALSPEC_DATA_DIR", str(tmp_path))
-    session = Session(EngineConfig(tiny.target_gguf, personal=True, n_ctx=1024, n_threads=1,
+    session = Session(Options(tiny.target_gguf, personal=True, n_ctx=1024, n_threads=1,
                                    budget=TreeBudget(max_nodes=8)))
-    plain = Session(EngineConfig(tiny.target_gguf, speculation=False, n_ctx=1024, n_threads=1))
+    plain = Session(Options(tiny.target_gguf, speculation=False, n_ctx=1024, n_threads=1))
     try:
         out = io.StringIO()
         chat_loop(session, SamplingParams(), 48,

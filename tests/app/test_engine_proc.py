@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 
 from localspec.app.engine_proc import (CLOSE_GRACE, Calibrating, Crashed, Done, EngineProcess,
-                                       EngineSpec, Error, Ready, Token, telling_line, wait_for)
-from localspec.engine.session import EngineConfig, Session
+                                       Error, Ready, Token, telling_line, wait_for)
+from localspec.engine.session import Session
 from localspec.models.ngram_store import NgramStore, store_paths
+from localspec.engine.options import Options
 
 CHAT = [{"role": "user", "content": "Write a function that returns the largest number in a list."}]
 RAW = "class Stack:\n"
@@ -28,7 +29,7 @@ WILD = dict(temperature=50.0, top_k=0, top_p=1.0, max_tokens=1500)
 
 @pytest.fixture()
 def engine(tiny):
-    proc = EngineProcess(EngineSpec(model=str(tiny.target_gguf), draft=str(tiny.draft_gguf), n_ctx=2048))
+    proc = EngineProcess(Options(model=str(tiny.target_gguf), draft=str(tiny.draft_gguf), n_ctx=2048))
     proc.start()
     yield proc
     proc.close()
@@ -37,7 +38,7 @@ def engine(tiny):
 @pytest.fixture(scope="module")
 def expected(tiny):
     """In-process greedy replies of the same target: (chat text, chat tokens, raw text)."""
-    session = Session(EngineConfig(model=tiny.target_gguf, speculation=False, n_ctx=2048))
+    session = Session(Options(model=tiny.target_gguf, speculation=False, n_ctx=2048))
     try:
         chat = session.run(session.chat_prompt(CHAT), max_tokens=64)
         raw = session.run(session.raw_prompt(RAW), max_tokens=64)
@@ -168,7 +169,7 @@ def patched_gguf(src: Path, dst: Path, key: str, value: int) -> Path:
 def test_an_abort_inside_llama_cpp_is_reported_and_restart_still_works(tiny, tmp_path):
     """block_count 0 passes the GGUF checks and trips a GGML_ASSERT, which aborts the process."""
     bad = patched_gguf(Path(tiny.target_gguf), tmp_path / "bad.gguf", "qwen2.block_count", 0)
-    engine = EngineProcess(EngineSpec(model=str(bad), speculation=False, n_ctx=512))
+    engine = EngineProcess(Options(model=str(bad), speculation=False, n_ctx=512))
     engine.start()
     try:
         crash = wait_for(engine, (Ready, Error), timeout=120)[-1]
@@ -189,7 +190,7 @@ def test_telling_line_picks_why_it_died():
 
 
 def test_use_draft_false_loads_no_draft_model(tiny):
-    engine = EngineProcess(EngineSpec(model=str(tiny.target_gguf), draft=str(tiny.draft_gguf),
+    engine = EngineProcess(Options(model=str(tiny.target_gguf), draft=str(tiny.draft_gguf),
                                       use_draft=False, personal=False, n_ctx=512))
     engine.start()
     try:
@@ -202,7 +203,7 @@ def test_a_first_run_reports_its_calibration_before_ready(tiny, tmp_path, monkey
     """On a fresh data dir the engine times batches before it is ready, and says so step by step
     (the chat shows it); the next start finds the measurement cached and says nothing."""
     monkeypatch.setenv("LOCALSPEC_DATA_DIR", str(tmp_path))   # the child inherits it
-    spec = EngineSpec(model=str(tiny.target_gguf), draft=str(tiny.draft_gguf), personal=False,
+    spec = Options(model=str(tiny.target_gguf), draft=str(tiny.draft_gguf), personal=False,
                       n_ctx=512, n_threads=1)
 
     def until_ready() -> list:
@@ -232,7 +233,7 @@ def assert_exited_cleanly(engine: EngineProcess) -> None:
 
 
 def test_missing_model_is_an_error_not_a_crash(tmp_path):
-    engine = EngineProcess(EngineSpec(model=str(tmp_path / "nope.gguf")))
+    engine = EngineProcess(Options(model=str(tmp_path / "nope.gguf")))
     engine.start()
     try:
         error = wait_for(engine, (Error,), timeout=120)[-1]
@@ -271,7 +272,7 @@ def test_forget_reaches_the_store_with_the_personal_drafter_off(engine, tiny):
     engine.learn(name, CHAT + [{"role": "assistant", "content": "def largest(xs): return max(xs)"}])
     engine.close()                                     # runs what it was sent, then exits
     assert _conversation_rows(name) > 0
-    off = EngineProcess(EngineSpec(model=str(tiny.target_gguf), personal=False, n_ctx=512))
+    off = EngineProcess(Options(model=str(tiny.target_gguf), personal=False, n_ctx=512))
     off.forget(name)                                   # sent while down: runs once it is up
     off.start()
     try:
@@ -286,7 +287,7 @@ def test_forget_reaches_the_store_with_the_personal_drafter_off(engine, tiny):
 def test_a_context_too_small_for_the_tree_is_an_error_each_time_not_an_abort(tiny):
     """chat --ctx 60 aborted inside llama.cpp, and F5 aborted again: the engine now refuses the
     context with the size that works, and a restart refuses it the same way."""
-    engine = EngineProcess(EngineSpec(model=str(tiny.target_gguf), n_ctx=60))
+    engine = EngineProcess(Options(model=str(tiny.target_gguf), n_ctx=60))
     try:
         for begin in (engine.start, engine.restart):   # the first start, then what F5 does
             begin()

@@ -19,6 +19,7 @@ from localspec.app.tui.first_run import FirstRunScreen
 from localspec.app.tui.launch import chat_app
 from localspec.app.tui.widgets import MessageView
 from localspec.models import library
+from localspec.engine.options import Options
 
 SIZE = (110, 34)
 pytestmark = pytest.mark.anyio
@@ -373,12 +374,11 @@ def test_a_head_given_at_launch_goes_with_its_model_only(tmp_path):
     picked later in the settings starts without it (instead of being refused)."""
     from dataclasses import replace
 
-    from localspec.app.engine_proc import EngineSpec
 
     history = History.open(tmp_path / "history.sqlite")
     try:
         app = ChatApp(Settings(model="coder"), history,
-                      engine_spec=EngineSpec(model="", head="coder-head.npz", exact=True))
+                      engine_spec=Options(model="", head="coder-head.npz", exact=True))
         assert app.spec_for(app.settings).head == "coder-head.npz"
         other = app.spec_for(replace(app.settings, model="other"))
         assert other.head is None and other.model == "other" and other.exact

@@ -11,7 +11,8 @@ from localspec.engine.budget import Arm
 from localspec.engine.calibrate import Costs
 from localspec.engine.config import TreeBudget
 from localspec.engine.llama_model import LlamaModel
-from localspec.engine.session import EngineConfig, Session
+from localspec.engine.session import Session
+from localspec.engine.options import Options
 
 
 def test_measured_curve_is_cached_per_model_and_machine(tiny, tmp_path, monkeypatch):
@@ -99,7 +100,7 @@ def test_viable_budgets_follow_the_cost_curve():
 
 def test_adaptive_session_calibrates_and_keeps_output(tiny, monkeypatch, tmp_path):
     monkeypatch.setenv("LOCALSPEC_DATA_DIR", str(tmp_path))
-    cfg = EngineConfig(tiny.target_gguf, draft=tiny.draft_gguf, n_ctx=512, n_threads=1,
+    cfg = Options(tiny.target_gguf, draft=tiny.draft_gguf, n_ctx=512, n_threads=1,
                        budget=TreeBudget(max_nodes=8, adaptive=True))
     session = Session(cfg)
     try:
@@ -109,7 +110,7 @@ def test_adaptive_session_calibrates_and_keeps_output(tiny, monkeypatch, tmp_pat
         out = session.run(tokens, max_tokens=24).tokens
     finally:
         session.close()
-    plain = Session(EngineConfig(tiny.target_gguf, speculation=False, n_ctx=512, n_threads=1))
+    plain = Session(Options(tiny.target_gguf, speculation=False, n_ctx=512, n_threads=1))
     try:
         assert plain.run(tokens, max_tokens=24).tokens == out
     finally:
@@ -125,7 +126,7 @@ def test_a_first_calibration_announces_every_step_in_order(tiny, monkeypatch, tm
 
     monkeypatch.setenv("LOCALSPEC_DATA_DIR", str(tmp_path))
     monkeypatch.setenv(cal.TILED_MIN, str(cal.TILED_FROM))   # restored after the test
-    cfg = EngineConfig(tiny.target_gguf, draft=tiny.draft_gguf, n_ctx=512, n_threads=1,
+    cfg = Options(tiny.target_gguf, draft=tiny.draft_gguf, n_ctx=512, n_threads=1,
                        budget=TreeBudget(max_nodes=8, adaptive=True))
     steps: list[cal.Step] = []
     Session(cfg, progress=steps.append).close()
@@ -147,7 +148,7 @@ def test_a_first_calibration_announces_every_step_in_order(tiny, monkeypatch, tm
 
 def test_the_next_run_starts_from_what_this_one_learnt(tiny, monkeypatch, tmp_path):
     monkeypatch.setenv("LOCALSPEC_DATA_DIR", str(tmp_path))
-    cfg = EngineConfig(tiny.target_gguf, draft=tiny.draft_gguf, n_ctx=512, n_threads=1,
+    cfg = Options(tiny.target_gguf, draft=tiny.draft_gguf, n_ctx=512, n_threads=1,
                        budget=TreeBudget(max_nodes=8, adaptive=True))
     first = Session(cfg)
     try:

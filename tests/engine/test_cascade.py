@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 from localspec.engine.config import DraftLimits, TreeBudget
-from localspec.engine.session import EngineConfig, Session
+from localspec.engine.session import Session
+from localspec.engine.options import Options
 
 _BLOCK = ("def total(items):\n    result = 0\n    for item in items:\n        result += item\n"
           "    return result\n\n\n")
@@ -16,7 +17,7 @@ PROMPT = _BLOCK + _BLOCK + "def total(items):\n"   # the tiny target repeats the
 
 
 def _run(tiny, draft, chain: int) -> tuple[list[int], int, int]:
-    session = Session(EngineConfig(tiny.target_gguf, draft=draft, n_ctx=512, n_threads=1,
+    session = Session(Options(tiny.target_gguf, draft=draft, n_ctx=512, n_threads=1,
                                    budget=TreeBudget(max_nodes=16),
                                    draft_limits=DraftLimits(max_depth=8, branching=2, width=2, chain=chain)))
     drafter = session.stages[-1]
@@ -39,7 +40,7 @@ def _run(tiny, draft, chain: int) -> tuple[list[int], int, int]:
 @pytest.mark.parametrize("kind", ["gguf", "torch"])
 def test_cascade_checks_chains_in_fewer_forwards_and_keeps_output(tiny, kind):
     draft = tiny.draft_gguf if kind == "gguf" else tiny.draft_torch
-    plain = Session(EngineConfig(tiny.target_gguf, speculation=False, n_ctx=512, n_threads=1))
+    plain = Session(Options(tiny.target_gguf, speculation=False, n_ctx=512, n_threads=1))
     try:
         expect = plain.run(plain.raw_prompt(PROMPT), max_tokens=40).tokens
     finally:

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import pytest
 from localspec.engine.config import DraftLimits, SamplingParams, TreeBudget
-from localspec.engine.session import EngineConfig, Session
+from localspec.engine.session import Session
+from localspec.engine.options import Options
 from test_cascade import PROMPT   # tests/ is on sys.path under pytest (like tiny_models), the repo root not always
 
 
 def _session(tiny, stable: bool, limits: DraftLimits) -> Session:
-    return Session(EngineConfig(tiny.target_gguf, draft=tiny.draft_gguf, n_ctx=512, n_threads=1,
+    return Session(Options(tiny.target_gguf, draft=tiny.draft_gguf, n_ctx=512, n_threads=1,
                                 budget=TreeBudget(max_nodes=12), draft_limits=limits,
                                 stable_shapes=stable))
 
@@ -39,7 +40,7 @@ def _record_rows(drafter) -> list[int]:
                                     DraftLimits(max_depth=6, branching=2, width=2, chain=4)],
                          ids=["linear", "tree-with-cascade"])
 def test_padded_draft_keeps_one_shape_and_the_targets_output(tiny, limits):
-    plain = Session(EngineConfig(tiny.target_gguf, speculation=False, n_ctx=512, n_threads=1))
+    plain = Session(Options(tiny.target_gguf, speculation=False, n_ctx=512, n_threads=1))
     try:
         expect = plain.run(plain.raw_prompt(PROMPT), max_tokens=40).tokens
     finally:
@@ -68,7 +69,7 @@ def test_padded_draft_keeps_one_shape_and_the_targets_output(tiny, limits):
 
 
 def test_unpadded_draft_on_cpu_by_default(tiny):
-    session = Session(EngineConfig(tiny.target_gguf, draft=tiny.draft_gguf, n_ctx=512, n_threads=1,
+    session = Session(Options(tiny.target_gguf, draft=tiny.draft_gguf, n_ctx=512, n_threads=1,
                                    budget=TreeBudget(max_nodes=8)))
     try:
         drafter = session.stages[-1]
@@ -109,12 +110,12 @@ def test_cheap_shape_changes_verify_in_buckets_and_keep_the_output(tiny):
     and the output stays the target's own."""
     from localspec.engine.shapes import BUCKET_SIZES, Shapes
 
-    plain = Session(EngineConfig(tiny.target_gguf, speculation=False, n_ctx=512, n_threads=1))
+    plain = Session(Options(tiny.target_gguf, speculation=False, n_ctx=512, n_threads=1))
     try:
         expect = plain.run(plain.raw_prompt(PROMPT), max_tokens=40).tokens
     finally:
         plain.close()
-    session = Session(EngineConfig(tiny.target_gguf, draft=tiny.draft_gguf, n_ctx=512, n_threads=1,
+    session = Session(Options(tiny.target_gguf, draft=tiny.draft_gguf, n_ctx=512, n_threads=1,
                                    budget=TreeBudget(max_nodes=16, adaptive=True),
                                    stable_shapes=True))
     target = session.engine.target

@@ -19,9 +19,10 @@ from localspec.engine.config import DraftLimits, TreeBudget
 from localspec.engine.decode import Engine
 from localspec.engine.errors import LocalspecError
 from localspec.engine.llama_model import LlamaModel
-from localspec.engine.session import EngineConfig, Session
+from localspec.engine.session import Session
 from localspec.engine.target import Target
 from localspec.engine.tree import DraftTree
+from localspec.engine.options import Options
 
 from test_greedy_equality import PROMPTS, prompt_tokens
 
@@ -49,7 +50,7 @@ def quantised(tiny, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def plain_exact(quantised):
-    session = Session(EngineConfig(quantised, speculation=False, n_ctx=512, n_threads=1, exact=True))
+    session = Session(Options(quantised, speculation=False, n_ctx=512, n_threads=1, exact=True))
     outputs = {}
     for kind, text in PROMPTS:
         tokens = prompt_tokens(session, kind, text)
@@ -114,7 +115,7 @@ def test_exact_speculation_emits_plain_tokens(tiny, quantised, plain_exact, name
         flat = Costs({1: 1e-3, 2: 1.05e-3, 4: 1.1e-3, 8: 1.2e-3, 16: 1.4e-3, 32: 1.8e-3},
                      {1: 1e-4, 2: 1.1e-4, 4: 1.2e-4, 8: 1.3e-4})
         monkeypatch.setattr(build_module, "calibrate", lambda *a, **k: flat)
-    session = Session(EngineConfig(quantised, draft=tiny.draft_gguf if use_draft else None, maxgram=maxgram,
+    session = Session(Options(quantised, draft=tiny.draft_gguf if use_draft else None, maxgram=maxgram,
                                    n_ctx=512, n_threads=1, budget=budget, draft_limits=limits, exact=True))
     policy = session.engine.policy
     if policy.bandit is not None:
@@ -176,9 +177,9 @@ def test_exact_refuses_gpu_offload_before_loading(tiny, monkeypatch):
 
 def test_exact_refuses_trees_past_the_attention_tile(quantised):
     with pytest.raises(LocalspecError, match="Tree too large") as err:
-        Session(EngineConfig(quantised, exact=True, n_ctx=512, budget=TreeBudget(max_nodes=62)))
+        Session(Options(quantised, exact=True, n_ctx=512, budget=TreeBudget(max_nodes=62)))
     assert "61 nodes or fewer" in err.value.fix
-    Session(EngineConfig(quantised, exact=True, n_ctx=512, budget=TreeBudget(max_nodes=61))).close()
+    Session(Options(quantised, exact=True, n_ctx=512, budget=TreeBudget(max_nodes=61))).close()
 
 
 def _hole_round(model: LlamaModel, prompt: list[int], ordered: bool,
@@ -257,7 +258,7 @@ def test_exact_speculation_with_decoded_again_tokens_emits_plain_tokens(tiny, qu
     """Trees in proposal order (not likeliest path first): accepted nodes often sit behind
     rejected rows and are decoded again at the head of the next batch; output still plain's."""
     monkeypatch.setenv("LOCALSPEC_DATA_DIR", str(tmp_path))
-    session = Session(EngineConfig(quantised, draft=tiny.draft_gguf, n_ctx=512, n_threads=1, exact=True,
+    session = Session(Options(quantised, draft=tiny.draft_gguf, n_ctx=512, n_threads=1, exact=True,
                                    budget=TreeBudget(max_nodes=16),
                                    draft_limits=DraftLimits(max_depth=5, branching=3, width=4)))
     engine = session.engine

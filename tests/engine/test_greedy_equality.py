@@ -10,8 +10,9 @@ from localspec.engine.calibrate import Costs
 from localspec.engine.config import TreeBudget
 from localspec.engine.config import DraftLimits
 from localspec.engine.generation import Finished, Round, finish
-from localspec.engine.session import EngineConfig, Session
+from localspec.engine.session import Session
 from localspec.engine.shapes import Shapes
+from localspec.engine.options import Options
 
 from equality import check_same_or_near_tie
 
@@ -52,7 +53,7 @@ def prompt_tokens(session: Session, kind: str, text: str) -> list[int]:
 
 @pytest.fixture(scope="module")
 def plain(tiny):
-    session = Session(EngineConfig(tiny.target_gguf, speculation=False, n_ctx=512, n_threads=1))
+    session = Session(Options(tiny.target_gguf, speculation=False, n_ctx=512, n_threads=1))
     outputs = {}
     for kind, text in PROMPTS:
         tokens = prompt_tokens(session, kind, text)
@@ -74,7 +75,7 @@ def test_speculative_greedy_equals_plain(tiny, plain, name, tmp_path, monkeypatc
         monkeypatch.setattr(build_module, "calibrate", lambda *a, **k: flat)
     draft = {"gguf": tiny.draft_gguf, "torch": tiny.draft_torch}.get(draft_kind)
     head = request.getfixturevalue("tiny_head") if draft_kind == "head" else None
-    session = Session(EngineConfig(tiny.target_gguf, draft=draft, head=head, maxgram=maxgram, n_ctx=512,
+    session = Session(Options(tiny.target_gguf, draft=draft, head=head, maxgram=maxgram, n_ctx=512,
                                    n_threads=1, budget=budget, draft_limits=limits, head_limits=limits))
     plain_session, outputs = plain
     policy = session.engine.policy
@@ -105,7 +106,7 @@ def test_speculative_greedy_equals_plain(tiny, plain, name, tmp_path, monkeypatc
 
 
 def test_rounds_carry_every_emitted_token_with_its_source(tiny, plain):
-    session = Session(EngineConfig(tiny.target_gguf, draft=tiny.draft_gguf, n_ctx=512, n_threads=1,
+    session = Session(Options(tiny.target_gguf, draft=tiny.draft_gguf, n_ctx=512, n_threads=1,
                                    personal=False, budget=TreeBudget(max_nodes=8)))
     plain_session, outputs = plain
     try:
@@ -129,7 +130,7 @@ def test_stable_shapes_keep_greedy_output(tiny, plain, draft_kind):
     Without calibration: a CPU's measured switch cost (0) would make shape changes cheap, which
     turns the mode off (test_draft_shapes.py)."""
     draft = tiny.draft_gguf if draft_kind == "gguf" else tiny.draft_torch
-    session = Session(EngineConfig(tiny.target_gguf, draft=draft, n_ctx=512, n_threads=1, calibrate=False,
+    session = Session(Options(tiny.target_gguf, draft=draft, n_ctx=512, n_threads=1, calibrate=False,
                                    budget=TreeBudget(max_nodes=8, adaptive=True), stable_shapes=True,
                                    draft_limits=DraftLimits(max_depth=6, branching=2, width=4)))
     plain_session, outputs = plain
@@ -150,7 +151,7 @@ def test_stable_shapes_keep_greedy_output(tiny, plain, draft_kind):
 
 
 def test_should_stop_ends_at_a_round_with_statistics(tiny, plain):
-    session = Session(EngineConfig(tiny.target_gguf, draft=tiny.draft_gguf, n_ctx=512, n_threads=1,
+    session = Session(Options(tiny.target_gguf, draft=tiny.draft_gguf, n_ctx=512, n_threads=1,
                                    budget=TreeBudget(max_nodes=8)))
     plain_session, outputs = plain
     events = []

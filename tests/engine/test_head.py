@@ -16,7 +16,8 @@ from localspec.engine.config import TreeBudget
 from localspec.engine.drafters.head import DraftHead, target_tables
 from localspec.engine.errors import LocalspecError
 from localspec.engine.llama_model import LlamaModel
-from localspec.engine.session import EngineConfig, Session
+from localspec.engine.session import Session
+from localspec.engine.options import Options
 
 
 def test_hidden_states_are_the_output_matrix_input_and_leave_logits_alone(tiny):
@@ -117,15 +118,15 @@ def test_a_head_for_another_target_or_a_broken_file_is_refused(tiny, tiny_head, 
     with pytest.raises(LocalspecError, match="Not a usable draft head"):
         DraftHead(broken, tiny.target_gguf, n_embd=128, vocab_size=tiny.vocab_size, device="cpu")
     with pytest.raises(LocalspecError, match="Draft head not found"):
-        Session(EngineConfig(tiny.target_gguf, head=tmp_path / "missing.npz", n_ctx=256, n_threads=1))
+        Session(Options(tiny.target_gguf, head=tmp_path / "missing.npz", n_ctx=256, n_threads=1))
 
 
 def test_one_token_prompt_drafts_nothing_then_drafts(tiny, tiny_head):
     """No hidden state before the root on a one-token prompt: the head sits the first round out."""
-    session = Session(EngineConfig(tiny.target_gguf, head=tiny_head, maxgram=False, personal=False,
+    session = Session(Options(tiny.target_gguf, head=tiny_head, maxgram=False, personal=False,
                                    n_ctx=256, n_threads=1, budget=TreeBudget(max_nodes=16)))
     try:
-        plain = Session(EngineConfig(tiny.target_gguf, speculation=False, n_ctx=256, n_threads=1))
+        plain = Session(Options(tiny.target_gguf, speculation=False, n_ctx=256, n_threads=1))
         prompt = session.raw_prompt("def")[:1]
         expect = plain.run(prompt, max_tokens=24).tokens
         plain.close()

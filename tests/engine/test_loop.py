@@ -9,8 +9,9 @@ from localspec.engine.config import GenerationRequest, TreeBudget
 from localspec.engine.decode import Engine
 from localspec.engine.generation import finish
 from localspec.engine.policy import HOLD, make_policy
-from localspec.engine.session import EngineConfig, Session
+from localspec.engine.session import Session
 from localspec.engine.shapes import BUCKET_SIZES, Shapes
+from localspec.engine.options import Options
 from test_cascade import PROMPT
 from test_greedy_equality import PROMPTS as GREEDY_PROMPTS
 
@@ -26,8 +27,8 @@ MODES = {Shapes.FREE: (False, Costs(CURVE, DRAFT)),
 @pytest.mark.parametrize("mode", list(MODES), ids=[m.value for m in MODES])
 def test_rounds_keep_their_modes_rules(tiny, mode):
     offloaded, costs = MODES[mode]
-    plain = Session(EngineConfig(tiny.target_gguf, speculation=False, n_ctx=512, n_threads=1))
-    session = Session(EngineConfig(tiny.target_gguf, draft=tiny.draft_gguf, n_ctx=512, n_threads=1,
+    plain = Session(Options(tiny.target_gguf, speculation=False, n_ctx=512, n_threads=1))
+    session = Session(Options(tiny.target_gguf, draft=tiny.draft_gguf, n_ctx=512, n_threads=1,
                                    calibrate=False, stable_shapes=offloaded))
     try:
         policy = make_policy(TreeBudget(max_nodes=16, adaptive=True), session.stages, costs, offloaded)

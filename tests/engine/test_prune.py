@@ -8,8 +8,9 @@ from localspec.engine.config import DraftLimits, SamplingParams, TreeBudget
 from localspec.engine.decode import Engine
 from localspec.engine.policy import make_policy
 from localspec.engine.prune import AcceptanceModel, choose
-from localspec.engine.session import EngineConfig, Session
+from localspec.engine.session import Session
 from localspec.engine.tree import DraftTree
+from localspec.engine.options import Options
 
 from test_sampling_distribution import PARAMS, exact_joint, sampled_tv
 
@@ -111,7 +112,7 @@ def test_copy_kept_keeps_hints():
 
 
 def _pruning_session(tiny) -> Session:
-    session = Session(EngineConfig(tiny.target_gguf, draft=tiny.draft_torch, n_ctx=256, n_threads=1,
+    session = Session(Options(tiny.target_gguf, draft=tiny.draft_torch, n_ctx=256, n_threads=1,
                                    budget=TreeBudget(max_nodes=8),
                                    draft_limits=DraftLimits(max_depth=3, branching=2, width=4)))
     steep = Costs({1: 1.0, 2: 1.8, 4: 3.0, 9: 6.0}, {})    # a CPU where the batch costs a lot
@@ -122,7 +123,7 @@ def _pruning_session(tiny) -> Session:
 
 def test_pruned_trees_keep_greedy_output(tiny):
     session = _pruning_session(tiny)
-    plain = Session(EngineConfig(tiny.target_gguf, speculation=False, n_ctx=256, n_threads=1))
+    plain = Session(Options(tiny.target_gguf, speculation=False, n_ctx=256, n_threads=1))
     try:
         tokens = session.raw_prompt("def add(a, b):\n")
         got = session.run(tokens, max_tokens=40)

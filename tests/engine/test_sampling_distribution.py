@@ -15,7 +15,8 @@ import localspec.engine.verify as verify
 from localspec.engine.config import SamplingParams, TreeBudget
 from localspec.engine.distribution import process
 from localspec.engine.config import DraftLimits
-from localspec.engine.session import EngineConfig, Session
+from localspec.engine.session import Session
+from localspec.engine.options import Options
 
 from stat_bounds import tv_bound, tv_distance
 
@@ -59,7 +60,7 @@ def sampled_tv(session: Session, prompt: list[int], joint: dict) -> tuple[float,
 
 @pytest.fixture(scope="module")
 def staged(tiny):
-    session = Session(EngineConfig(tiny.target_gguf, draft=tiny.draft_torch, n_ctx=256, n_threads=1,
+    session = Session(Options(tiny.target_gguf, draft=tiny.draft_torch, n_ctx=256, n_threads=1,
                                    budget=TreeBudget(max_nodes=8),
                                    draft_limits=DraftLimits(max_depth=3, branching=2, width=4)))
     prompt = session.raw_prompt("for i in range(")  # an uncertain next token at T=1.5
@@ -75,7 +76,7 @@ def test_staged_tree_sampling_matches_target_distribution(staged):
 
 def test_draft_head_sampling_matches_target_distribution(tiny, tiny_head):
     """The head's proposals cover only its draft vocabulary (zero mass elsewhere): still exact."""
-    session = Session(EngineConfig(tiny.target_gguf, head=tiny_head, n_ctx=256, n_threads=1,
+    session = Session(Options(tiny.target_gguf, head=tiny_head, n_ctx=256, n_threads=1,
                                    budget=TreeBudget(max_nodes=8),
                                    head_limits=DraftLimits(max_depth=3, branching=2, width=4)))
     try:

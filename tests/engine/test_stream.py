@@ -7,8 +7,9 @@ import pytest
 
 from localspec.engine.config import TreeBudget
 from localspec.engine.generation import Finished, Generation, Round
-from localspec.engine.session import EngineConfig, Session
+from localspec.engine.session import Session
 from localspec.engine.stats import DecodeStats
+from localspec.engine.options import Options
 
 from test_greedy_equality import PROMPTS
 
@@ -19,8 +20,8 @@ NEVER = "\x00a stop string that never occurs, long enough to hold text back"
 
 @pytest.fixture(scope="module")
 def sessions(tiny):
-    plain = Session(EngineConfig(tiny.target_gguf, speculation=False, n_ctx=512, n_threads=1))
-    spec = Session(EngineConfig(tiny.target_gguf, draft=tiny.draft_gguf, n_ctx=512, n_threads=1,
+    plain = Session(Options(tiny.target_gguf, speculation=False, n_ctx=512, n_threads=1))
+    spec = Session(Options(tiny.target_gguf, draft=tiny.draft_gguf, n_ctx=512, n_threads=1,
                                 personal=False, budget=TreeBudget(max_nodes=8)))
     yield {"plain": plain, "speculative": spec}
     spec.close()

@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from localspec.app.engine_proc import Done, EngineProcess, EngineSpec, Error, Ready, wait_for
+from localspec.app.engine_proc import Done, EngineProcess, Error, Ready, wait_for
 from localspec.engine.chat import RENDER_SECONDS, render_chat
 from localspec.engine.errors import LocalspecError
+from localspec.engine.options import Options
 
 # A render ends by the deadline; a restart of the worker after a killed one, on a loaded 2-core
 # machine, comes on top.
@@ -88,7 +89,7 @@ def test_chat_engine_answers_after_a_hostile_template_and_esc_cancels_a_render(t
     """In the chat's engine process: a hanging template is an Error within the bound; a stop
     (Esc) ends a render at once; the next message, raw here, gets its answer."""
     model = with_template(Path(tiny.target_gguf), tmp_path / "hostile.gguf", NESTED)
-    engine = EngineProcess(EngineSpec(model=str(model), speculation=False, personal=False,
+    engine = EngineProcess(Options(model=str(model), speculation=False, personal=False,
                                       n_ctx=512))
     engine.start()
     try:

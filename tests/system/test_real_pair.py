@@ -11,7 +11,8 @@ import pytest
 
 from localspec.engine.config import TreeBudget
 from localspec.engine.llama_model import LlamaModel
-from localspec.engine.session import EngineConfig, Session
+from localspec.engine.session import Session
+from localspec.engine.options import Options
 
 from equality import check_same_or_near_tie
 
@@ -33,8 +34,8 @@ NEAR_TIE = 0.5   # logits units; near-ties on this pair differ by up to ~0.4 (do
 
 def test_real_pair_speculative_greedy_matches_plain(real_pair):
     target, draft = real_pair
-    plain = Session(EngineConfig(target, speculation=False, n_ctx=1024))
-    spec = Session(EngineConfig(target, draft=draft, n_ctx=1024, budget=TreeBudget(max_nodes=12)))
+    plain = Session(Options(target, speculation=False, n_ctx=1024))
+    spec = Session(Options(target, draft=draft, n_ctx=1024, budget=TreeBudget(max_nodes=12)))
     notes = []
     try:
         for text in PROMPTS:
@@ -61,8 +62,8 @@ def test_real_pair_exact_speculation_equals_plain_token_for_token(real_pair, tmp
     this model (what exact mode is for)."""
     monkeypatch.setenv("LOCALSPEC_DATA_DIR", str(tmp_path))
     target, draft = real_pair
-    plain = Session(EngineConfig(target, speculation=False, n_ctx=1024, exact=True))
-    spec = Session(EngineConfig(target, draft=draft, n_ctx=1024, exact=True,
+    plain = Session(Options(target, speculation=False, n_ctx=1024, exact=True))
+    spec = Session(Options(target, draft=draft, n_ctx=1024, exact=True,
                                 budget=TreeBudget(max_nodes=12)))
     try:
         for text in PROMPTS + [EDIT_PROMPT, LONG_PROMPT]:
