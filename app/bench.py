@@ -119,7 +119,7 @@ class ConfigResult:
         self.target_calls += st.target_calls
         self.pruned += st.pruned
         self.redecoded += st.redecoded
-        self.budget = st.budget or self.budget   # the adaptive controller's state after this prompt
+        self.budget = st.budget or self.budget   # the adaptive policy's state after this prompt
         for phase, sec in st.seconds.items():
             self.phases[phase] = self.phases.get(phase, 0.0) + sec
         self.prompts += 1

@@ -1,7 +1,7 @@
 """Online choice of each round's tree: speculate only where it pays, on this machine.
 
 An arm is a tree budget: a node count (0 = a plain round: the root alone) and whether the model
-drafters take part or only the free ones (Max-Gram, personal n-grams). Per arm the controller keeps
+drafters take part or only the free ones (Max-Gram, personal n-grams). Per arm the bandit keeps
 exponentially decayed sums of tokens emitted and wall seconds spent (drafting + verification +
 bookkeeping), so its estimate is measured throughput, not a model of it. It plays the arm with the
 best estimate and probes the others now and then so estimates follow the text as it changes

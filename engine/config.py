@@ -55,7 +55,7 @@ class TreeBudget:
         cost a forward each). pruned: each round keeps only the nodes that pay (prune.py), which
         picks the free drafters' size round by round, so they get one arm, the largest. Such an
         arm can stand in for plain decoding (plain=False): a round whose guesses do not pay is
-        pruned to its root, a plain step. Where the controller's choice is held for many rounds
+        pruned to its root, a plain step. Where the policy's choice is held for many rounds
         (GPUs, policy.HOLD) that is better: a held plain arm kept speculation off for whole
         stretches, also where a long Max-Gram match would have paid. Where it chooses every round
         (CPUs) a plain arm stays as a check on pruning's estimates, which can be optimistic there.
