@@ -75,13 +75,18 @@ async def test_a_damaged_history_keeps_the_unsent_text_and_exits_2(tmp_path):
         exit_status(app)
 
 
+async def _send_prompt(app, pilot) -> None:
+    """Type a prompt, send it, and wait until the engine has the generate request."""
+    await pilot.pause()
+    app.chat.query_one("#prompt").text = "Say hello."
+    await pilot.press("enter")
+    await wait_until(pilot, lambda: app.engine.requests, what="the generate request")
+
+
 async def test_a_reply_in_flight_stops_where_it_was_last_saved(tmp_path):
     app = demo_app(tmp_path)
     async with app.run_test(size=SIZE) as pilot:
-        await pilot.pause()
-        app.chat.query_one("#prompt").text = "Say hello."
-        await pilot.press("enter")
-        await wait_until(pilot, lambda: app.engine.requests, what="the generate request")
+        await _send_prompt(app, pilot)
         (op, (request_id, *_), _kw) = app.engine.requests[-1]
         assert op == "generate"
         reply_id = app.chat.reply.message_id
@@ -108,10 +113,7 @@ async def test_a_reply_in_flight_stops_where_it_was_last_saved(tmp_path):
 async def test_quitting_mid_reply_when_the_reply_cannot_be_saved_exits_2(tmp_path):
     app = demo_app(tmp_path)
     async with app.run_test(size=SIZE) as pilot:
-        await pilot.pause()
-        app.chat.query_one("#prompt").text = "Say hello."
-        await pilot.press("enter")
-        await wait_until(pilot, lambda: app.engine.requests, what="the generate request")
+        await _send_prompt(app, pilot)
         _set_messages_root(app.history.path, BAD_ROOT)
         await pilot.press("ctrl+q")                    # saving the reply in flight fails
     assert app.history_failure is not None
