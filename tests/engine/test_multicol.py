@@ -11,6 +11,7 @@ same bit for bit at every width from 2 up. ggml is driven through its C API (cty
 from __future__ import annotations
 
 import ctypes
+import functools
 
 import numpy as np
 import pytest
@@ -36,7 +37,9 @@ class _InitParams(ctypes.Structure):
                 ("no_alloc", ctypes.c_bool)]
 
 
+@functools.cache
 def _ggml() -> tuple[ctypes.CDLL, ctypes.CDLL]:
+    """libggml-base and libggml-cpu with the prototypes used here, the CPU backend initialised."""
     libs = {f.name.split(".so")[0]: f for f in native.libraries()}
     base = ctypes.CDLL(str(libs["libggml-base"]))
     cpu = ctypes.CDLL(str(libs["libggml-cpu"]))
@@ -92,18 +95,15 @@ def _mul_mat(kind: int, weights: np.ndarray, acts: np.ndarray, multicol: str,
     quantized = np.zeros(ROWS * K, dtype=np.uint8)     # more than any 4-/6-bit row needs
     src = np.ascontiguousarray(weights, dtype=np.float32)
     base.ggml_quantize_chunk(kind, src.ctypes.data, quantized.ctypes.data, 0, ROWS, K, None)
-    wctx = base.ggml_init(_InitParams(1 << 20, None, True))
     ctx = base.ggml_init(_InitParams(64 << 20, None, False))
-    buffer = None
+    wctx = buffer = None
     try:
-        w = base.ggml_new_tensor_2d(wctx, kind, K, ROWS)
-        buft = _repack_buffer_type(base, cpu) if repack else None
-        if buft is not None:
-            buffer = base.ggml_backend_alloc_ctx_tensors_from_buft(wctx, buft)
+        if repack:   # the weights alone in a context of their own, allocated in that buffer type
+            wctx = base.ggml_init(_InitParams(1 << 20, None, True))
+            w = base.ggml_new_tensor_2d(wctx, kind, K, ROWS)
+            buffer = base.ggml_backend_alloc_ctx_tensors_from_buft(wctx, _repack_buffer_type(base, cpu))
             base.ggml_backend_tensor_set(w, quantized.ctypes.data, 0, base.ggml_nbytes(w))
         else:
-            base.ggml_free(wctx)
-            wctx = None
             w = base.ggml_new_tensor_2d(ctx, kind, K, ROWS)
             ctypes.memmove(base.ggml_get_data(w), quantized.ctypes.data, base.ggml_nbytes(w))
         x = base.ggml_new_tensor_2d(ctx, F32, K, len(acts))
