@@ -183,7 +183,7 @@ class ExactNumerics:
     """What exact numerics need from the process, held while any exact model is open (the switches
     are process-wide): ggml's tiled K-quant matmul, taken from 8 rows of a batch up, sums in
     another order than the one-row path, so its row floor goes out of reach, and so do the
-    multi-column kernels (a batch's columns agree with each other, not with vec_dot); ggml's flash
+    multi-column kernels (a batch's columns agree with each other, not with a one-row decode); ggml's flash
     attention splits a single query's KV cells over threads once 512 are in view (a context past
     256 tokens), which a batch's rows never do, so that is off. A context manager: the first
     holder sets the switches, the last one out puts back what was there."""
