@@ -1,6 +1,6 @@
 """A history that fails mid-chat (issue 20): the chat screen shows the error's title, cause and fix,
 keeps what it shows and the unsent text, stops a reply in flight where its text was last saved,
-and the command exits with status 2 when the user quits (app/tui/chat.py: history_failed).
+and the command exits with status 2 when the user quits (app/tui/history_failure.py: history_failed).
 
 The failure is real: another connection damages the history's schema while the chat runs (what
 a damaged page that the check at open missed looks like to the next statement)."""

@@ -1,5 +1,5 @@
 """A kill -9 of the chat UI mid-reply loses nothing already shown: every streamed piece is
-checkpointed before it is shown (app/history.py, app/tui/chat.py)."""
+checkpointed before it is shown (app/history.py, app/tui/reply.py)."""
 from __future__ import annotations
 
 import os
