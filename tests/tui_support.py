@@ -3,6 +3,7 @@ fixed sleeps, and a gate that holds engine events so a test can act mid-reply de
 from __future__ import annotations
 
 import time
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -95,9 +96,31 @@ def make_app(tiny, tmp_path: Path, **settings) -> Harness:
     return harness
 
 
-async def type_and_send(pilot, harness: Harness, text: str) -> None:
-    harness.chat.query_one("#prompt").text = text
+@asynccontextmanager
+async def running_chat(tiny, tmp_path: Path, size: tuple[int, int], **settings):
+    """The chat on the tiny real model, run under Pilot until its engine is ready: (harness, pilot)."""
+    harness = make_app(tiny, tmp_path, **settings)
+    async with harness.app.run_test(size=size) as pilot:
+        await wait_until(pilot, lambda: ready(harness), what="engine ready")
+        yield harness, pilot
+
+
+async def submit_prompt(pilot, chat, text: str) -> None:
+    """Type `text` into the chat screen's prompt and press Enter."""
+    chat.query_one("#prompt").text = text
     await pilot.press("enter")
+
+
+async def type_and_send(pilot, harness: Harness, text: str) -> None:
+    await submit_prompt(pilot, harness.chat, text)
+
+
+async def send_and_hold(pilot, harness: Harness, text: str) -> None:
+    """Send `text` and let the reply run until its first token, then hold the engine's events
+    (GatedEngine) so the test acts while the screen shows a partial reply."""
+    harness.engine.hold_after_first_token = True
+    await type_and_send(pilot, harness, text)
+    await wait_until(pilot, lambda: harness.engine.holding, what="first token")
 
 
 def ready(harness: Harness) -> bool:
@@ -112,7 +135,8 @@ def replied(harness: Harness) -> bool:
                                               for v in harness.chat.query(MessageView))
 
 
-__all__ = ["Done", "Ready", "Harness", "make_app", "wait_until", "type_and_send", "ready", "replied"]
+__all__ = ["Done", "Ready", "Harness", "make_app", "running_chat", "wait_until", "submit_prompt",
+           "type_and_send", "send_and_hold", "ready", "replied"]
 
 
 # ---- deterministic content for snapshots (no live engine output) ---------------------------------

@@ -7,7 +7,7 @@ import os
 import signal
 
 import pytest
-from tui_support import make_app, ready, replied, type_and_send, wait_until
+from tui_support import ready, replied, running_chat, send_and_hold, type_and_send, wait_until
 
 from localspec.app.tui.widgets import MessageView
 from localspec.models.ngram_store import NgramStore, store_paths
@@ -21,6 +21,12 @@ def anyio_backend():
     return "asyncio"
 
 
+@pytest.fixture(autouse=True)
+def data_dir(tmp_path, monkeypatch):
+    """The engine's personal n-gram store lives in the test's folder."""
+    monkeypatch.setenv("LOCALSPEC_DATA_DIR", str(tmp_path))
+
+
 def _store_conversations(root) -> set[str]:
     names = set()
     for path in store_paths(root):
@@ -29,15 +35,10 @@ def _store_conversations(root) -> set[str]:
     return names
 
 
-async def test_send_streams_and_finishes(tiny, tmp_path, monkeypatch):
-    monkeypatch.setenv("LOCALSPEC_DATA_DIR", str(tmp_path))
-    h = make_app(tiny, tmp_path)
-    async with h.app.run_test(size=SIZE) as pilot:
-        await wait_until(pilot, lambda: ready(h), what="engine ready")
+async def test_send_streams_and_finishes(tiny, tmp_path):
+    async with running_chat(tiny, tmp_path, SIZE) as (h, pilot):
         assert "target.gguf" in str(h.chat.query_one("#status").render())
-        h.engine.hold_after_first_token = True                # look at it mid-stream
-        await type_and_send(pilot, h, "Say hello to Bob.")
-        await wait_until(pilot, lambda: h.engine.holding, what="first token")
+        await send_and_hold(pilot, h, "Say hello to Bob.")    # look at it mid-stream
         (conv,) = h.history.conversations()
         assert conv.title == "Say hello to Bob."
         user, reply = h.history.messages(conv.id)
@@ -59,14 +60,9 @@ async def test_send_streams_and_finishes(tiny, tmp_path, monkeypatch):
                          what="the personal store learns the exchange")
 
 
-async def test_esc_stops_mid_reply_keeps_it_marked_and_next_message_works(tiny, tmp_path, monkeypatch):
-    monkeypatch.setenv("LOCALSPEC_DATA_DIR", str(tmp_path))
-    h = make_app(tiny, tmp_path)
-    async with h.app.run_test(size=SIZE) as pilot:
-        await wait_until(pilot, lambda: ready(h), what="engine ready")
-        h.engine.hold_after_first_token = True
-        await type_and_send(pilot, h, "Write a function that adds 2 to a number.")
-        await wait_until(pilot, lambda: h.engine.holding, what="first token")
+async def test_esc_stops_mid_reply_keeps_it_marked_and_next_message_works(tiny, tmp_path):
+    async with running_chat(tiny, tmp_path, SIZE) as (h, pilot):
+        await send_and_hold(pilot, h, "Write a function that adds 2 to a number.")
         shown = h.chat.reply.text
         assert shown and h.chat.reply.view.state == "streaming"
         await pilot.press("escape")
@@ -86,11 +82,8 @@ async def test_esc_stops_mid_reply_keeps_it_marked_and_next_message_works(tiny, 
         assert "Bob" in h.history.messages(conv.id)[-1].content
 
 
-async def test_switch_and_delete_conversations(tiny, tmp_path, monkeypatch):
-    monkeypatch.setenv("LOCALSPEC_DATA_DIR", str(tmp_path))
-    h = make_app(tiny, tmp_path)
-    async with h.app.run_test(size=SIZE) as pilot:
-        await wait_until(pilot, lambda: ready(h), what="engine ready")
+async def test_switch_and_delete_conversations(tiny, tmp_path):
+    async with running_chat(tiny, tmp_path, SIZE) as (h, pilot):
         await type_and_send(pilot, h, "Say hello to Bob.")
         await wait_until(pilot, lambda: replied(h), what="first reply")
         await pilot.press("ctrl+n")
@@ -127,17 +120,13 @@ async def test_switch_and_delete_conversations(tiny, tmp_path, monkeypatch):
         assert list(sidebar.children) == []
 
 
-async def test_engine_killed_mid_reply_ui_survives_and_restart_works(tiny, tmp_path, monkeypatch):
-    monkeypatch.setenv("LOCALSPEC_DATA_DIR", str(tmp_path))
+async def test_engine_killed_mid_reply_ui_survives_and_restart_works(tiny, tmp_path):
     # temperature 2 with this seed: a long reply (~300 tokens), so the kill usually lands while
     # the engine is still generating; events it sent before dying are dropped either way, so the
     # UI sees exactly a reply cut off by a crash
-    h = make_app(tiny, tmp_path, temperature=2.0, top_p=1.0, top_k=0, seed=1, max_tokens=900)
-    async with h.app.run_test(size=SIZE) as pilot:
-        await wait_until(pilot, lambda: ready(h), what="engine ready")
-        h.engine.hold_after_first_token = True
-        await type_and_send(pilot, h, "Write a function that adds 2 to a number.")
-        await wait_until(pilot, lambda: h.engine.holding, what="first token")
+    async with running_chat(tiny, tmp_path, SIZE, temperature=2.0, top_p=1.0, top_k=0, seed=1,
+                            max_tokens=900) as (h, pilot):
+        await send_and_hold(pilot, h, "Write a function that adds 2 to a number.")
         shown = h.chat.reply.text
         os.kill(h.engine.pid, signal.SIGKILL)
         await wait_until(pilot, lambda: h.engine.crash_held, what="the engine's death")
@@ -160,14 +149,9 @@ async def test_engine_killed_mid_reply_ui_survives_and_restart_works(tiny, tmp_p
             ["complete", "error", "complete", "complete"]
 
 
-async def test_quit_mid_reply_keeps_it_marked(tiny, tmp_path, monkeypatch):
-    monkeypatch.setenv("LOCALSPEC_DATA_DIR", str(tmp_path))
-    h = make_app(tiny, tmp_path)
-    async with h.app.run_test(size=SIZE) as pilot:
-        await wait_until(pilot, lambda: ready(h), what="engine ready")
-        h.engine.hold_after_first_token = True
-        await type_and_send(pilot, h, "Say hello to Bob.")
-        await wait_until(pilot, lambda: h.engine.holding, what="first token")
+async def test_quit_mid_reply_keeps_it_marked(tiny, tmp_path):
+    async with running_chat(tiny, tmp_path, SIZE) as (h, pilot):
+        await send_and_hold(pilot, h, "Say hello to Bob.")
         shown = h.chat.reply.text
         await pilot.press("ctrl+q")
     (conv,) = h.history.conversations()
