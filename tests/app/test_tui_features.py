@@ -6,8 +6,8 @@ import json
 from dataclasses import replace
 
 import pytest
-from tui_support import (DEMO_REPLY, SPEC, ScriptedEngine, demo_app, demo_history, make_app, ready,
-                         replied, type_and_send, wait_until)
+from tui_support import (DEMO_REPLY, SPEC, ScriptedEngine, demo_app, demo_history, make_app, replied,
+                         running_chat, submit_prompt, type_and_send, wait_until)
 
 from localspec.app.history import History
 from localspec.app.cli import build_parser
@@ -32,9 +32,7 @@ def anyio_backend():
 
 async def test_retry_and_edit_last(tiny, tmp_path, monkeypatch):
     monkeypatch.setenv("LOCALSPEC_DATA_DIR", str(tmp_path))
-    h = make_app(tiny, tmp_path)
-    async with h.app.run_test(size=SIZE) as pilot:
-        await wait_until(pilot, lambda: ready(h), what="engine ready")
+    async with running_chat(tiny, tmp_path, SIZE) as (h, pilot):
         await type_and_send(pilot, h, "Say hello to Bob.")
         await wait_until(pilot, lambda: replied(h), what="reply")
         (conv,) = h.history.conversations()
@@ -49,8 +47,7 @@ async def test_retry_and_edit_last(tiny, tmp_path, monkeypatch):
         await pilot.press("ctrl+e")                           # edit the last user message
         prompt = h.chat.query_one("#prompt")
         assert prompt.text == "Say hello to Bob."
-        prompt.text = "Write a function that adds 2 to a number."
-        await pilot.press("enter")
+        await type_and_send(pilot, h, "Write a function that adds 2 to a number.")
         await wait_until(pilot, lambda: replied(h), what="reply to the edited message")
         rows = h.history.messages(conv.id)
         assert [(m.role, m.state) for m in rows] == [("user", "complete"), ("assistant", "complete")]
@@ -68,18 +65,15 @@ async def test_file_attachment_and_its_errors(tmp_path):
         chat = app.chat
         await pilot.press("ctrl+n")
         prompt = chat.query_one("#prompt")
-        prompt.text = f"/file {tmp_path / 'missing.py'}\nExplain this"
-        await pilot.press("enter")
+        await submit_prompt(pilot, chat, f"/file {tmp_path / 'missing.py'}\nExplain this")
         notice = chat.query_one("#notice")
         assert notice.display and "does not exist" in str(notice.render())
         assert prompt.text.startswith("/file")                 # kept for the user to fix
-        prompt.text = f"/file {tmp_path / 'blob.bin'}"
-        await pilot.press("enter")
+        await submit_prompt(pilot, chat, f"/file {tmp_path / 'blob.bin'}")
         assert "binary" in str(notice.render())
         assert len(app.history.conversations()) == 2            # nothing was sent or stored
 
-        prompt.text = f"Explain this\n/file {code}"
-        await pilot.press("enter")
+        await submit_prompt(pilot, chat, f"Explain this\n/file {code}")
         await pilot.pause()
         assert not notice.display
         stored = app.history.messages(chat.conversation.id)[0].content
@@ -96,11 +90,9 @@ async def test_copy_code_block(tmp_path):
         assert app.clipboard == code_blocks(DEMO_REPLY)[-1]
         assert app.clipboard.startswith("def reverse(s: str) -> str:")
         app.copy_to_clipboard("")
-        app.chat.query_one("#prompt").text = "/copy 1"
-        await pilot.press("enter")
+        await submit_prompt(pilot, app.chat, "/copy 1")
         assert app.clipboard.startswith("def reverse")
-        app.chat.query_one("#prompt").text = "/copy 7"
-        await pilot.press("enter")
+        await submit_prompt(pilot, app.chat, "/copy 7")
         assert any("1 to 1" in n.message for n in app._notifications)
 
 
@@ -119,6 +111,14 @@ async def test_token_colouring_toggle(tmp_path):
         assert "personal-ngram" in str(app.chat.query_one("#status").render())
         await pilot.press("ctrl+t")
         assert not app.chat.has_class("-sources")
+
+
+async def submit_settings(pilot, app, values: dict) -> None:
+    """Set the open settings form's fields (by id) and save it."""
+    for name, value in values.items():
+        app.screen.query_one(f"#{name}").value = value
+    await pilot.press("ctrl+s")
+    await pilot.pause()
 
 
 async def test_settings_validate_save_atomically_and_restart_the_engine(tmp_path):
@@ -141,25 +141,14 @@ async def test_settings_validate_save_atomically_and_restart_the_engine(tmp_path
         assert app.engine is first_engine                      # sampling only: same engine
 
         await pilot.press("ctrl+o")
-        app.screen.query_one("#model").value = "another-model"
-        await pilot.press("ctrl+s")
-        await pilot.pause()
+        await submit_settings(pilot, app, {"model": "another-model"})
         assert app.engine is not first_engine and app.engine.spec.model == "another-model"
         assert json.loads((tmp_path / "settings.json").read_text())["model"] == "another-model"
 
-        app.chat.query_one("#prompt").text = "hi"
-        await pilot.press("enter")
+        await submit_prompt(pilot, app.chat, "hi")
         await pilot.pause()
         op, args, kwargs = app.engine.requests[-1]
         assert (kwargs["temperature"], kwargs["system"]) == (0.5, "Answer in one line.")
-
-
-async def submit(pilot, app, values: dict) -> None:
-    """Set the open settings form's fields (by id) and save it."""
-    for name, value in values.items():
-        app.screen.query_one(f"#{name}").value = value
-    await pilot.press("ctrl+s")
-    await pilot.pause()
 
 
 async def test_exact_switch_shows_the_runs_numerics_and_saves_a_choice(tmp_path):
@@ -175,20 +164,20 @@ async def test_exact_switch_shows_the_runs_numerics_and_saves_a_choice(tmp_path)
         assert first_engine.spec.exact
         await pilot.press("ctrl+o")
         assert app.screen.query_one("#exact").value is True
-        await submit(pilot, app, {"temperature": "0.5"})
+        await submit_settings(pilot, app, {"temperature": "0.5"})
         saved = load_settings(tmp_path / "settings.json")
         assert saved.temperature == 0.5 and saved.exact is False     # --exact is not saved
         assert app.engine is first_engine
 
         await pilot.press("ctrl+o")
         assert app.screen.query_one("#exact").value is True
-        await submit(pilot, app, {"exact": False})
+        await submit_settings(pilot, app, {"exact": False})
         assert load_settings(tmp_path / "settings.json").exact is False
         assert app.engine is not first_engine and not app.engine.spec.exact
 
         await pilot.press("ctrl+o")
         assert app.screen.query_one("#exact").value is False
-        await submit(pilot, app, {"exact": True})
+        await submit_settings(pilot, app, {"exact": True})
         assert load_settings(tmp_path / "settings.json").exact is True
         assert app.engine.spec.exact
 
@@ -210,7 +199,7 @@ async def test_no_speculation_and_no_personal_are_for_the_run_only(tmp_path):
         assert app.screen.query_one("#speculation").value is False
         assert app.screen.query_one("#stage-personal").value is False
         assert app.screen.query_one("#stage-draft").value is True
-        await submit(pilot, app, {"temperature": "0.5"})
+        await submit_settings(pilot, app, {"temperature": "0.5"})
         saved = load_settings(settings_file)
         assert saved.temperature == 0.5 and saved.speculation is True       # the flags are not saved
         assert saved.stages == ("personal", "draft")
@@ -219,7 +208,7 @@ async def test_no_speculation_and_no_personal_are_for_the_run_only(tmp_path):
         await pilot.press("ctrl+o")
         assert app.screen.query_one("#speculation").value is False
         assert app.screen.query_one("#stage-personal").value is False
-        await submit(pilot, app, {"speculation": True})
+        await submit_settings(pilot, app, {"speculation": True})
         assert load_settings(settings_file).speculation is True
         assert app.engine is not first_engine
         assert app.engine.spec.speculation and not app.engine.spec.personal   # --no-personal holds
@@ -227,12 +216,12 @@ async def test_no_speculation_and_no_personal_are_for_the_run_only(tmp_path):
         await pilot.press("ctrl+o")
         assert app.screen.query_one("#speculation").value is True
         assert app.screen.query_one("#stage-personal").value is False
-        await submit(pilot, app, {"stage-personal": True})
+        await submit_settings(pilot, app, {"stage-personal": True})
         assert load_settings(settings_file).stages == ("personal", "draft")
         assert app.engine.spec.speculation and app.engine.spec.personal
 
         await pilot.press("ctrl+o")
-        await submit(pilot, app, {"speculation": False, "stage-personal": False})
+        await submit_settings(pilot, app, {"speculation": False, "stage-personal": False})
         saved = load_settings(settings_file)
         assert saved.speculation is False and saved.stages == ("draft",)
         assert not app.engine.spec.speculation and not app.engine.spec.personal
@@ -254,7 +243,7 @@ async def test_model_and_draft_flags_are_for_the_run_only(tmp_path):
         await pilot.press("ctrl+o")
         assert app.screen.query_one("#model").value == "run-model"
         assert app.screen.query_one("#draft").value == "run-draft.gguf"
-        await submit(pilot, app, {"temperature": "0.5"})
+        await submit_settings(pilot, app, {"temperature": "0.5"})
         saved = load_settings(settings_file)
         assert saved.temperature == 0.5                                      # the flags are not saved
         assert (saved.model, saved.draft) == ("saved-model", "saved-draft.gguf")
@@ -262,7 +251,7 @@ async def test_model_and_draft_flags_are_for_the_run_only(tmp_path):
 
         await pilot.press("ctrl+o")
         assert app.screen.query_one("#model").value == "run-model"
-        await submit(pilot, app, {"model": "typed-model"})
+        await submit_settings(pilot, app, {"model": "typed-model"})
         saved = load_settings(settings_file)
         assert (saved.model, saved.draft) == ("typed-model", "saved-draft.gguf")   # draft as shown
         assert app.engine is not first_engine
@@ -291,12 +280,12 @@ async def test_model_flag_without_draft_runs_the_models_own_draft_only(tmp_path)
         assert (app.engine.spec.model, app.engine.spec.draft) == ("run-model", None)
         await pilot.press("ctrl+o")
         assert app.screen.query_one("#draft").value == ""
-        await submit(pilot, app, {"top_k": "20"})
+        await submit_settings(pilot, app, {"top_k": "20"})
         saved = load_settings(settings_file)
         assert (saved.top_k, saved.model, saved.draft) == (20, "saved-model", "saved-draft.gguf")
 
         await pilot.press("ctrl+o")
-        await submit(pilot, app, {"draft": "typed-draft.gguf"})
+        await submit_settings(pilot, app, {"draft": "typed-draft.gguf"})
         saved = load_settings(settings_file)
         assert (saved.model, saved.draft) == ("saved-model", "typed-draft.gguf")
         assert (app.engine.spec.model, app.engine.spec.draft) == ("run-model", "typed-draft.gguf")

@@ -10,7 +10,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from tui_support import demo_app, wait_until
+from tui_support import demo_app, submit_prompt, wait_until
 
 from localspec.app.engine_proc import Token
 from localspec.app.tui.launch import exit_status
@@ -58,8 +58,7 @@ async def test_a_damaged_history_keeps_the_unsent_text_and_exits_2(tmp_path):
         assert shown and not _notice(app)
         _set_messages_root(app.history.path, BAD_ROOT)
         prompt = app.chat.query_one("#prompt")
-        prompt.text = "Please keep this text."
-        await pilot.press("enter")
+        await submit_prompt(pilot, app.chat, "Please keep this text.")
         await pilot.pause()
         assert "Chat history is unusable" in _notice(app) and "Move" in _notice(app)   # the fix
         assert prompt.text == "Please keep this text."                # unsent, not lost
@@ -78,8 +77,7 @@ async def test_a_damaged_history_keeps_the_unsent_text_and_exits_2(tmp_path):
 async def _send_prompt(app, pilot) -> None:
     """Type a prompt, send it, and wait until the engine has the generate request."""
     await pilot.pause()
-    app.chat.query_one("#prompt").text = "Say hello."
-    await pilot.press("enter")
+    await submit_prompt(pilot, app.chat, "Say hello.")
     await wait_until(pilot, lambda: app.engine.requests, what="the generate request")
 
 

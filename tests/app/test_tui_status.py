@@ -4,7 +4,7 @@ goes, the speed-up against plain decoding waits until it rests on enough rounds,
 from __future__ import annotations
 
 import pytest
-from tui_support import DEMO_READY, DEMO_STATS, SPEC, ScriptedEngine, demo_history
+from tui_support import DEMO_READY, DEMO_STATS, SPEC, ScriptedEngine, demo_history, submit_prompt
 
 from localspec.app.engine_proc import Calibrating, Done
 from localspec.app.settings import Settings
@@ -54,8 +54,7 @@ async def until(pilot, done, seconds: float = 10.0) -> None:
 async def reply_with(app: ChatApp, pilot, stats: dict) -> None:
     """Send a message; the scripted engine finishes the reply with `stats`."""
     sent = len(app.engine.requests)
-    app.chat.query_one("#prompt").text = "How do I reverse a string?"
-    await pilot.press("enter")
+    await submit_prompt(pilot, app.chat, "How do I reverse a string?")
     await until(pilot, lambda: len(app.engine.requests) > sent and app.chat.reply is not None)
     op, args, _ = app.engine.requests[-1]
     assert op == "generate"
