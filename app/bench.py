@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
-from localspec.engine.calibrate import Costs, calibrate
+from localspec.engine.calibrate import Costs
 from localspec.engine.config import (
     DEFAULT_TREE_NODES,
     HEAD_LIMITS,
@@ -26,16 +26,15 @@ from localspec.engine.config import (
     SamplingParams,
     TreeBudget,
 )
-from localspec.engine.build import new_engine
+from localspec.engine.build import Loaded, load
 from localspec.engine.decode import Engine
-from localspec.engine.drafters import registry
 from localspec.engine.errors import LocalspecError
 from localspec.engine.generation import Generation, finish
 from localspec.engine.llama_model import LlamaModel, default_threads, gpu_offload_supported
 from localspec.engine.native import TILED_MIN
 from localspec.engine.numerics import first_difference, top2_gap
 from localspec.engine.options import Options
-from localspec.engine.session import Session, draft_runs_in_torch
+from localspec.engine.session import draft_runs_in_torch
 
 from .humaneval_check import pass_at_1
 from .workloads import Prompt
@@ -137,39 +136,36 @@ class ConfigResult:
                     row[d] += v
 
 
-def _engines(target_session: Session, draft_model, store,
-             names: Sequence[str], costs: Costs | None, head_costs: Costs | None = None,
-             skipped: dict[str, list[str]] | None = None, torch_draft: bool = False) -> dict[str, Engine]:
-    """One Engine per configuration over the shared target, its stages built by name through
-    the drafter registry; a configuration that needs a missing draft model, n-gram store or head
-    is skipped. `draft_model`: a LlamaModel (`torch_draft` False) or a TorchLM, shared by every
-    configuration's draft stage. `skipped` gets each skipped configuration's missing stages."""
-    gpu = target_session.model.n_gpu_layers != 0
-    # a GGUF draft on a GPU keeps one batch shape unless a change of shape is cheap there
-    draft_stable = (gpu and not torch_draft and draft_model is not None and draft_model.n_gpu_layers != 0
-                    and not (costs is not None and costs.cheap_switch))
+def _engines(loaded: Loaded, store, names: Sequence[str],
+             skipped: dict[str, list[str]] | None = None) -> dict[str, Engine]:
+    """One Engine per configuration over the loaded target, its stages built by name by the
+    builder with the configuration's limits; a configuration that needs a missing draft model,
+    n-gram store or head is skipped (`skipped` gets its missing stages). The loaded draft model
+    (in llama.cpp or PyTorch) is shared by every configuration's draft stage; `store` is the
+    n-gram store the "ngram" stage reads."""
+    in_torch = loaded.parts.torch_lm is not None
     engines = {}
     for name in names:
         cfg = config(name)
         limits = cfg.draft_limits
-        parts = registry.Parts(target_session.engine.target,
-                               gguf_draft=None if torch_draft else draft_model,
-                               torch_lm=draft_model if torch_draft else None,
-                               head=target_session.head, store=store, draft_limits=limits,
-                               head_limits=limits, draft_stable=draft_stable)
-        stages = ["torch-draft" if s == "draft" and torch_draft else s for s in cfg.stages]
+        parts = replace(loaded.parts, store=store, draft_limits=limits, head_limits=limits)
+        stages = ["torch-draft" if s == "draft" and in_torch else s for s in cfg.stages]
         missing = [s for s, kind in zip(cfg.stages, stages) if not parts.has(kind)]
         if missing:
             if skipped is not None:
                 skipped[name] = missing
             continue
-        own = head_costs if "head" in cfg.stages else costs
-        engine = engines[name] = new_engine(target_session.engine.target,
-                                            [registry.make(s, parts) for s in stages], cfg.budget,
-                                            own if cfg.budget.adaptive else None, gpu)
+        engine = engines[name] = loaded.engine(loaded.stages(stages, parts), cfg.budget)
         if engine.policy.bandit is not None:
             engine.policy.bandit.trace = []
     return engines
+
+
+def _curve(loaded: Loaded, names: Sequence[str]) -> Costs | None:
+    """The calibration with the own cost curve of the stages `names` (a PyTorch draft and a head
+    time themselves): what the configurations that run them prune by, measured once a run (the
+    builder keeps it). None where bench does not calibrate."""
+    return loaded.stage_costs(loaded.stages(names)) if loaded.costs is not None else None
 
 
 _STAGE_OPTION = {"draft": "a draft model (--draft)", "ngram": "an n-gram store (--learn)",
@@ -189,37 +185,23 @@ def run_bench(target: Path, draft: Path | None, prompts: Sequence[Prompt], names
     numerics (plain too), where greedy configurations must match plain token for token."""
     max_nodes = max(config(n).budget.max_nodes for n in names)
     uses_head = head is not None and any("head" in config(n).stages for n in names)
-    # the shared target (and head): its own stages are none, bench builds each configuration's
-    session = Session(Options(target, speculation=True, maxgram=False, personal=False, n_ctx=n_ctx,
-                              exact=exact, n_gpu_layers=0 if exact else -1,   # exact: CPU only
-                              head=head if uses_head else None, calibrate=False,
-                              budget=TreeBudget(max_nodes=max_nodes)))
-    draft_model = None
     in_torch = draft_runs_in_torch(draft, torch_draft)
+    # the shared target, draft and head, loaded by the builder; bench builds each
+    # configuration's stages over them
+    options = Options(target, draft=draft, torch_draft=in_torch, head=head if uses_head else None,
+                      speculation=True, n_ctx=n_ctx, exact=exact,
+                      n_gpu_layers=0 if exact else -1,   # exact: CPU only
+                      budget=TreeBudget(max_nodes=max_nodes),
+                      draft_limits=max((config(n).draft_limits for n in names), key=lambda d: d.pad_rows))
+    neural = (("torch-draft",) if in_torch else ("draft",)) if draft is not None else ()
+    gpu = gpu_offload_supported() and options.n_gpu_layers != 0
+    loaded = load(options, neural + (("head",) if uses_head else ()),
+                  measure=any(config(n).budget.adaptive for n in names) or gpu)
     try:
-        if in_torch:
-            from localspec.engine.torch_lm import TorchLM
-            draft_model = TorchLM.load(draft, max_len=n_ctx)
-        elif draft is not None:
-            pad_seqs = max(config(n).draft_limits.pad_rows for n in names) - 1
-            draft_model = LlamaModel(draft, n_ctx=n_ctx, n_seq_max=max_nodes + 1, n_pad_seqs=pad_seqs)
-        costs = None
-        if any(config(n).budget.adaptive for n in names) or session.model.n_gpu_layers != 0:
-            gguf = None if in_torch else draft_model
-            costs = calibrate(session.model, gguf, max_nodes)
-            if session.head is not None:
-                from localspec.engine.drafters.head import head_costs as measure_head
-                head_costs = measure_head(costs, session.head)
-            else:
-                head_costs = None
-            if in_torch:
-                from localspec.engine.drafters.torch_draft import torch_draft_costs
-                costs = torch_draft_costs(costs, draft_model, draft)
-        else:
-            head_costs = None
+        costs = _curve(loaded, neural)
+        head_costs = _curve(loaded, ("head",)) if uses_head else None
         skipped: dict[str, list[str]] = {}
-        engines = _engines(session, draft_model, store, names, costs, head_costs, skipped,
-                           torch_draft=in_torch)
+        engines = _engines(loaded, store, names, skipped)
         for name, missing in skipped.items():
             progress(f"skipped {name}: it needs {' and '.join(_STAGE_OPTION[s] for s in missing)}")
         results = {name: ConfigResult(name) for name in engines}
@@ -233,26 +215,28 @@ def run_bench(target: Path, draft: Path | None, prompts: Sequence[Prompt], names
                     plain_tokens = gen.tokens
                     results[name].add(gen, None, None)
                     continue
-                gap = (_divergence_gap(session.model, prompt.tokens, plain_tokens, gen.tokens)
+                gap = (_divergence_gap(loaded.model, prompt.tokens, plain_tokens, gen.tokens)
                        if sampling.greedy else None)   # sampled outputs are not expected to match
                 results[name].add(gen, plain_tokens, gap)
             progress(f"[{i + 1}/{len(prompts)}] {prompt.name}  " + "  ".join(
                 f"{n} {r.tok_s:.1f}" for n, r in results.items()) + " tok/s")
         report = _report(results, target, draft, len(prompts), max_tokens, sampling,
-                         time.time() - started, session.model)
-        if draft_model is not None:
-            report["draft_runtime"] = ("llama.cpp" if not in_torch else
-                                       f"pytorch {draft_model.device.type} {str(draft_model.dtype)[6:]}"
-                                       + (" cuda-graphs" if draft_model.static_shapes
-                                          and draft_model.device.type == "cuda" else ""))
-        if session.head is not None:
-            report["head"] = {"file": session.head.path.name, **{k: v for k, v in session.head.meta.items()
-                                                                  if k != "format"}}
+                         time.time() - started, loaded.model)
+        lm = loaded.parts.torch_lm
+        if draft is not None:
+            report["draft_runtime"] = ("llama.cpp" if lm is None else
+                                       f"pytorch {lm.device.type} {str(lm.dtype)[6:]}"
+                                       + (" cuda-graphs" if lm.static_shapes
+                                          and lm.device.type == "cuda" else ""))
+        head_model = loaded.parts.head
+        if head_model is not None:
+            report["head"] = {"file": head_model.path.name, **{k: v for k, v in head_model.meta.items()
+                                                                if k != "format"}}
             if head_costs is not None:
                 report["head"]["step_ms"] = {n: round(1e3 * s, 3) for n, s in head_costs.draft.items()}
         if costs is not None:
             report["calibration"] = costs.to_dict()
-            if session.model.n_gpu_layers == 0 and TILED_MIN in os.environ:
+            if loaded.model.n_gpu_layers == 0 and TILED_MIN in os.environ:
                 report["calibration"]["ggml_tiled_min_rows"] = int(os.environ[TILED_MIN])
             report["dropped_arms"] = {n: [str(a) for a in e.policy.dropped]
                                       for n, e in engines.items() if e.policy.dropped}
@@ -270,9 +254,7 @@ def run_bench(target: Path, draft: Path | None, prompts: Sequence[Prompt], names
                 row["pass_at_1"] = f"{pass_at_1(problems, r.texts, cache)}/{len(problems)}"
         return report
     finally:
-        if draft_model is not None:
-            draft_model.close()
-        session.close()
+        loaded.close()
 
 
 _LEARN_SUFFIXES = (".py", ".md", ".txt")

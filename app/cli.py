@@ -242,37 +242,26 @@ def _add_calibrate(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from localspec.engine.build import check_head_path, load_head
-    from localspec.engine.calibrate import calibrate
-    from localspec.engine.config import HEAD_LIMITS, DraftLimits, TreeBudget
-    from localspec.engine.llama_model import LlamaModel
+    from dataclasses import replace
+
+    from localspec.engine.build import load
+    from localspec.engine.config import TreeBudget
     from localspec.engine.native import TILED_MIN
 
     from .progress import terminal_progress
 
-    options = run_options(args)
-    model, draft, head_file = options.model, options.draft, options.head
-    nodes = options.budget.max_nodes
-    if head_file is not None:
-        check_head_path(head_file)
-        from localspec.engine import torch_lm  # noqa: F401  (torch before llama.cpp)
-        draft = None                             # the head takes the draft model's place
-    target = LlamaModel(model, n_ctx=options.n_ctx, n_seq_max=2, n_gpu_layers=options.n_gpu_layers,
-                        exact=options.exact)
-    drafter = None
+    # what generate and chat load, speculating: the target and a GGUF draft, measured beside it,
+    # or a head, which takes the draft model's place (a PyTorch draft is not calibrated here)
+    options = replace(run_options(args), speculation=True)
+    names = [n for n in options.stages if n in ("draft", "head")]
+    model, draft = options.model, options.head if options.head is not None else options.draft
+    with terminal_progress(sys.stderr) as progress:
+        loaded = load(options, names, measure=True, refresh=args.refresh, progress=progress)
     try:
-        if draft is not None and draft.suffix == ".gguf":
-            drafter = LlamaModel(draft, n_ctx=options.n_ctx, n_seq_max=2, n_gpu_layers=options.n_gpu_layers)
-        with terminal_progress(sys.stderr) as progress:
-            costs = calibrate(target, drafter, nodes, refresh=args.refresh, progress=progress)
-        if head_file is not None:
-            from localspec.engine.drafters.head import head_costs
-            costs = head_costs(costs, load_head(head_file, target))
-            draft = head_file
+        target = loaded.model
+        costs = loaded.stage_costs(loaded.stages(names))   # a head times its own steps
     finally:
-        target.close()
-        if drafter is not None:
-            drafter.close()
+        loaded.close()
     print(f"target {model.name}: " + "  ".join(f"{n}: {ms} ms" for n, ms in costs.to_dict()["target_ms"].items()))
     if costs.draft:
         print(f"draft {draft.name}: " + "  ".join(f"{n}: {ms} ms" for n, ms in costs.to_dict()["draft_ms"].items()))
@@ -281,10 +270,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     floor = os.environ.get(TILED_MIN)
     if target.n_gpu_layers == 0 and floor is not None and not options.exact:
         print(f"ggml's tiled matmul from {floor} batch rows (measured: fewer rows go row by row)")
-    arms = TreeBudget(max_nodes=nodes, adaptive=True).arms(
+    arms = TreeBudget(max_nodes=options.budget.max_nodes, adaptive=True).arms(
         with_models=draft is not None, pruned=True, plain=target.n_gpu_layers == 0)
     # what generate and chat draft with: the engine judges by the same
-    limits = HEAD_LIMITS if head_file is not None else DraftLimits()
+    limits = options.head_limits if options.head is not None else options.draft_limits
     kept = costs.viable(arms, limits.width, limits.max_depth)
     plain = 1 / costs.target_cost(1)
     for arm in arms:

@@ -22,7 +22,7 @@ from localspec.app.workloads import build
 from localspec.engine.calibrate import Costs, read_json
 from localspec.engine.config import GenerationRequest, SamplingParams, TreeBudget
 from localspec.engine.generation import finish
-from localspec.engine.llama_model import LlamaModel
+from localspec.engine.build import load
 from localspec.engine.options import Options
 from localspec.engine.session import Session
 
@@ -112,18 +112,24 @@ def main() -> None:
     names = args.configs.split(",")
     costs = costs_of(args.bench_json)
     max_nodes = max(config(n).budget.max_nodes for n in names)
-    session = Session(Options(args.target, speculation=True, maxgram=False,
-                               budget=TreeBudget(max_nodes=max_nodes)))
-    draft = LlamaModel(args.draft, n_ctx=4096, n_seq_max=max_nodes + 1,
-                       n_pad_seqs=max(config(n).draft_limits.pad_rows for n in names) - 1)
+    probe = Session(Options(args.target, speculation=False))   # the prompts, the n-gram files
     with tempfile.TemporaryDirectory() as scratch:
-        store, source = open_ngram_store(args.target, args.learn, args.learn_max_tokens,
-                                         session.raw_prompt, Path(scratch))
+        try:
+            store, source = open_ngram_store(args.target, args.learn, args.learn_max_tokens,
+                                             probe.raw_prompt, Path(scratch))
+            prompts = build(args.workload, args.limit, probe.raw_prompt, probe.chat_prompt)
+        finally:
+            probe.close()
         print("n-grams:", source)
-        # as on a GPU: stable_shapes=True, and with a cheap switch the engine picks bucketed trees
-        session.model.n_gpu_layers = -1
-        engines = _engines(session, draft, store, names, costs)
-        prompts = build(args.workload, args.limit, session.raw_prompt, session.chat_prompt)
+        limits = max((config(n).draft_limits for n in names), key=lambda d: d.pad_rows)
+        loaded = load(Options(args.target, draft=args.draft, maxgram=False, personal=False,
+                              budget=TreeBudget(max_nodes=max_nodes), draft_limits=limits),
+                      ("draft",), measure=False)
+        # the other machine's costs, and as on a GPU: stable_shapes=True, and with a cheap switch
+        # the engine picks bucketed trees
+        loaded.costs = costs
+        loaded.model.n_gpu_layers = -1
+        engines = _engines(loaded, store, names)
         sampling = SamplingParams(temperature=args.temperature, seed=1)
         profile = cProfile.Profile()
         totals = {n: {"rounds": 0, "tokens": 0} for n in engines}
@@ -154,8 +160,7 @@ def main() -> None:
     if args.profile:
         stats = pstats.Stats(profile)
         stats.sort_stats(args.sort).print_stats(r"^(?!.*llama_cpp)", 40)
-    draft.close()
-    session.close()
+    loaded.close()
 
 
 if __name__ == "__main__":

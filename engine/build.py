@@ -1,25 +1,29 @@
 """Options in, a ready engine out: the one place that loads models, builds stages and measures costs.
 
-Why it is shaped so: the session, bench and tools all need the same steps in the same order, and
-each step depends on the one before:
+Why it is shaped so: the session, bench, `localspec calibrate` and tools all need the same steps in
+the same order, and each step depends on the one before:
 
 1. torch, when a stage runs in PyTorch, is imported before any llama.cpp model loads (the load
    order every GPU measurement used);
 2. the target loads, then what the stages are built from (`registry.Parts`): a GGUF draft model
    (checked against the target's vocabulary), a PyTorch draft, a head, the n-gram store;
-3. calibration measures the target's batch costs beside the GGUF draft's (cached per machine);
-4. the stages are built by name through the registry, with what calibration decided: a GGUF
-   draft on a GPU pads its forwards to one shape unless a change of shape is cheap there;
+3. calibration measures the target's batch costs beside the GGUF draft's (cached per machine),
+   and decides with them how a GGUF draft on a GPU shapes its forwards: padded to one shape
+   unless a change of shape is cheap there;
+4. the stages are built by name through the registry;
 5. each stage adds its own cost curve (a PyTorch draft and a head time themselves), and the
    engine starts from the estimates the last run learnt.
 
-Nothing here switches on a drafter's type: the options' stage names pick the factories.
+`load` does steps 1-3 and hands back a `Loaded`, from which any number of engines are built
+(`Loaded.engine`: steps 4-5; bench builds one per configuration over one target); `build` does all
+five for one engine (the session). Nothing here switches on a drafter's type: stage names pick the
+factories.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from .calibrate import Costs, Progress, calibrate, learnt_path, read_json
 from .config import TreeBudget
@@ -31,27 +35,6 @@ from .llama_model import EXACT_MAX_ROWS, LlamaModel
 from .options import Options
 from .policy import make_policy
 from .target import Target
-
-
-@dataclass
-class Built:
-    """A loaded target with its stages and engine; `close` frees them (the session owns it)."""
-
-    options: Options
-    model: LlamaModel
-    stages: list[Drafter]
-    costs: Costs | None
-    engine: Engine
-    store: Any = None          # the personal n-gram store (NgramStore) or None
-    head: Any = None           # the DraftHead or None
-    learnt_path: Path | None = None
-
-    def close(self) -> None:
-        for d in self.stages:
-            d.close()
-        if self.store is not None:
-            self.store.close()
-        self.model.close()
 
 
 def check_head_path(path: str | Path) -> Path:
@@ -97,16 +80,73 @@ def new_engine(target: Target, stages: list[Drafter], budget: TreeBudget, costs:
     return Engine(target, stages, make_policy(budget, stages, costs, offloaded=offloaded))
 
 
-def build(options: Options, progress: Progress | None = None) -> Built:
-    """Load and build everything `options` asks for. model and draft must be paths (the app
-    resolves installed models' names first); LocalspecError for what the user can fix.
-    progress: told each step of a first calibration on this machine (calibrate.Step)."""
-    names = options.stages
+@dataclass
+class Loaded:
+    """A loaded target and what its stages are built from, calibrated (steps 1-3); `close` frees
+    what was loaded here (a stage built from it may close its model first: closing is idempotent)."""
+
+    options: Options
+    model: LlamaModel
+    parts: registry.Parts      # the target, the draft model, the PyTorch draft, the head, the store
+    costs: Costs | None        # the calibration (None: not measured)
+    _curves: dict[tuple[str, ...], Costs] = field(default_factory=dict, repr=False)
+
+    @property
+    def offloaded(self) -> bool:
+        """Whether the engine keeps the target's batch shapes steady (a GPU, unless told)."""
+        stable = self.options.stable_shapes
+        return stable if stable is not None else self.model.n_gpu_layers != 0
+
+    def stages(self, names: Sequence[str], parts: registry.Parts | None = None) -> list[Drafter]:
+        """The stages `names`, built through the registry from `parts` (default: what was loaded;
+        bench hands in each configuration's limits and its own n-gram store). A failure closes
+        those built."""
+        stages: list[Drafter] = []
+        try:
+            for name in names:
+                stages.append(registry.make(name, parts or self.parts))
+        except BaseException:
+            for d in stages:
+                d.close()
+            raise
+        return stages
+
+    def stage_costs(self, stages: Sequence[Drafter]) -> Costs | None:
+        """The calibration with the stages' own cost curves (a PyTorch draft and a head time their
+        steps, once per load for each set of neural stages); None without a calibration."""
+        if self.costs is None:
+            return None
+        key = tuple(d.name for d in stages if d.uses_model)
+        if key not in self._curves:
+            costs = self.costs
+            for d in stages:
+                costs = d.cost_curve(costs)
+            self._curves[key] = costs
+        return self._curves[key]
+
+    def engine(self, stages: list[Drafter], budget: TreeBudget) -> Engine:
+        """An engine over the loaded target with these stages; with an adaptive budget it prunes
+        and chooses by the stages' costs (`stage_costs`), else it runs `budget` as it is."""
+        costs = self.stage_costs(stages) if budget.adaptive else None
+        return new_engine(self.parts.target, stages, budget, costs, self.offloaded)
+
+    def close(self) -> None:
+        for resource in (self.parts.gguf_draft, self.parts.torch_lm, self.parts.store):
+            if resource is not None:
+                resource.close()
+        self.model.close()
+
+
+def load(options: Options, names: Sequence[str], *, measure: bool, refresh: bool = False,
+         progress: Progress | None = None) -> Loaded:
+    """Load the target and what the stages `names` are built from (steps 1-3). model and draft
+    must be paths (the app resolves installed models' names first); LocalspecError for what the
+    user can fix. measure: calibrate (refresh: measure again even if cached); progress is told
+    each step of a first calibration on this machine (calibrate.Step)."""
     if "head" in names:
         check_head_path(options.head)          # before the slow target load
     if "torch-draft" in names or "head" in names:
         from . import torch_lm  # noqa: F401  (torch before llama.cpp: the measured load order)
-    check_exact_tree(options)
     nodes = options.budget.max_nodes
     spec = options.speculation     # room for trees (bench builds its stages over this target)
     model = LlamaModel(options.model, n_ctx=options.n_ctx,
@@ -114,60 +154,98 @@ def build(options: Options, progress: Progress | None = None) -> Built:
                        n_gpu_layers=options.n_gpu_layers, n_threads=options.n_threads,
                        n_batch=max(512, nodes + 2), n_pad_seqs=nodes + 1 if spec else 0,
                        hidden="head" in names, exact=options.exact)
-    target = Target(model)
-    stages: list[Drafter] = []
-    loose: list[Any] = []          # loaded, not yet owned by a stage: closed on failure
-    store = head = None
+    opened: list[Any] = [model]    # closed on failure, the target last
+    gguf = lm = head = store = None
     try:
-        gguf = torch_lm = None
         if "draft" in names:
             gguf = LlamaModel(Path(options.draft).expanduser(), n_ctx=options.n_ctx,
                               n_seq_max=nodes + 1, n_gpu_layers=options.n_gpu_layers,
                               n_threads=options.n_threads,
                               n_pad_seqs=options.draft_limits.pad_rows - 1)
-            loose.append(gguf)
+            opened.append(gguf)
             check_same_vocab(model, gguf)
         if "torch-draft" in names:
             from .torch_lm import TorchLM
-            torch_lm = TorchLM.load(Path(options.draft).expanduser(), max_len=options.n_ctx)
-            loose.append(torch_lm)
-            if torch_lm.vocab_size != model.vocab_size:
-                raise vocab_mismatch(Path(options.draft).name, torch_lm.vocab_size, model.path.name,
+            lm = TorchLM.load(Path(options.draft).expanduser(), max_len=options.n_ctx)
+            opened.append(lm)
+            if lm.vocab_size != model.vocab_size:
+                raise vocab_mismatch(Path(options.draft).name, lm.vocab_size, model.path.name,
                                      model.vocab_size)
         if "personal" in names:
             from localspec.models.ngram_store import NgramStore, vocab_key
             store = NgramStore.open(vocab_key(model), label=model.path.name)
+            opened.append(store)
         if "head" in names:
             head = load_head(options.head, model)
-        costs = None
-        if names and options.budget.adaptive and options.calibrate:
-            costs = calibrate(model, gguf, nodes, progress=progress)
-        draft_stable = (gguf is not None
-                        and (options.stable_shapes if options.stable_shapes is not None
-                             else gguf.n_gpu_layers != 0)
-                        and not (costs is not None and costs.cheap_switch))
-        parts = registry.Parts(target, gguf_draft=gguf, torch_lm=torch_lm, head=head, store=store,
-                               draft_limits=options.draft_limits, head_limits=options.head_limits,
-                               draft_stable=draft_stable,
-                               draft_path=Path(options.draft) if options.draft else None)
-        for name in names:
-            stages.append(registry.make(name, parts))
-        loose.clear()              # the draft stage closes its model
-        if costs is not None:
-            for d in stages:
-                costs = d.cost_curve(costs)
-        stable = options.stable_shapes if options.stable_shapes is not None else model.n_gpu_layers != 0
-        engine = new_engine(target, stages, options.budget if spec else TreeBudget(0), costs, stable)
+        costs = (calibrate(model, gguf, nodes, refresh=refresh, progress=progress)
+                 if measure else None)
+    except BaseException:
+        for resource in reversed(opened):
+            resource.close()
+        raise
+    draft_stable = (gguf is not None
+                    and (options.stable_shapes if options.stable_shapes is not None
+                         else gguf.n_gpu_layers != 0)
+                    and not (costs is not None and costs.cheap_switch))
+    parts = registry.Parts(Target(model), gguf_draft=gguf, torch_lm=lm, head=head, store=store,
+                           draft_limits=options.draft_limits, head_limits=options.head_limits,
+                           draft_stable=draft_stable,
+                           draft_path=Path(options.draft) if options.draft else None)
+    return Loaded(options, model, parts, costs)
+
+
+@dataclass
+class Built:
+    """A loaded target with its stages and engine; `close` frees them (the session owns it)."""
+
+    loaded: Loaded
+    stages: list[Drafter]
+    costs: Costs | None        # the calibration with the stages' own curves
+    engine: Engine
+    learnt_path: Path | None = None
+
+    @property
+    def options(self) -> Options:
+        return self.loaded.options
+
+    @property
+    def model(self) -> LlamaModel:
+        return self.loaded.model
+
+    @property
+    def store(self):
+        """The personal n-gram store (NgramStore) or None."""
+        return self.loaded.parts.store
+
+    @property
+    def head(self):
+        """The DraftHead or None."""
+        return self.loaded.parts.head
+
+    def close(self) -> None:
+        for d in self.stages:
+            d.close()
+        self.loaded.close()
+
+
+def build(options: Options, progress: Progress | None = None) -> Built:
+    """Load and build everything `options` asks for (see `load`); progress: told each step of a
+    first calibration on this machine (calibrate.Step)."""
+    names = options.stages
+    check_exact_tree(options)
+    loaded = load(options, names, measure=bool(names) and options.budget.adaptive and options.calibrate,
+                  progress=progress)
+    stages: list[Drafter] = []
+    try:
+        stages = loaded.stages(names)
+        engine = loaded.engine(stages, options.budget if options.speculation else TreeBudget(0))
+        costs = loaded.stage_costs(stages)
         learnt = learnt_path(costs) if costs is not None else None
         if learnt is not None:
             engine.resume(read_json(learnt))
     except BaseException:
         for d in stages:
             d.close()
-        for r in loose:            # a model its stage closed already: close is idempotent
-            r.close()
-        if store is not None:
-            store.close()
-        model.close()
+        loaded.close()
         raise
-    return Built(options, model, stages, costs, engine, store, head, learnt)
+    return Built(loaded, stages, costs, engine, learnt)
