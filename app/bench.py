@@ -7,7 +7,6 @@ noise spreads evenly; "identical" compares each configuration's tokens with plai
 from __future__ import annotations
 
 import json
-import os
 import platform
 import re
 import subprocess
@@ -31,7 +30,7 @@ from localspec.engine.decode import Engine
 from localspec.engine.errors import LocalspecError
 from localspec.engine.generation import Generation, finish
 from localspec.engine.llama_model import LlamaModel, default_threads, gpu_offload_supported
-from localspec.engine.native import TILED_MIN
+from localspec.engine.native import switches
 from localspec.engine.numerics import first_difference, top2_gap
 from localspec.engine.options import Options
 from localspec.engine.session import draft_runs_in_torch
@@ -208,16 +207,17 @@ def run_bench(target: Path, draft: Path | None, prompts: Sequence[Prompt], names
         started = time.time()
         for i, prompt in enumerate(prompts):
             plain_tokens = None
-            for name, engine in engines.items():
-                request = GenerationRequest(prompt.tokens, max_tokens, sampling)
-                gen = finish(engine.generate(request))
-                if name == "plain":
-                    plain_tokens = gen.tokens
-                    results[name].add(gen, None, None)
-                    continue
-                gap = (_divergence_gap(loaded.model, prompt.tokens, plain_tokens, gen.tokens)
-                       if sampling.greedy else None)   # sampled outputs are not expected to match
-                results[name].add(gen, plain_tokens, gap)
+            with switches(loaded.numerics):   # the run's decodes, under its calibration's switches
+                for name, engine in engines.items():
+                    request = GenerationRequest(prompt.tokens, max_tokens, sampling)
+                    gen = finish(engine.generate(request))
+                    if name == "plain":
+                        plain_tokens = gen.tokens
+                        results[name].add(gen, None, None)
+                        continue
+                    gap = (_divergence_gap(loaded.model, prompt.tokens, plain_tokens, gen.tokens)
+                           if sampling.greedy else None)   # sampled outputs are not expected to match
+                    results[name].add(gen, plain_tokens, gap)
             progress(f"[{i + 1}/{len(prompts)}] {prompt.name}  " + "  ".join(
                 f"{n} {r.tok_s:.1f}" for n, r in results.items()) + " tok/s")
         report = _report(results, target, draft, len(prompts), max_tokens, sampling,
@@ -236,8 +236,8 @@ def run_bench(target: Path, draft: Path | None, prompts: Sequence[Prompt], names
                 report["head"]["step_ms"] = {n: round(1e3 * s, 3) for n, s in head_costs.draft.items()}
         if costs is not None:
             report["calibration"] = costs.to_dict()
-            if loaded.model.n_gpu_layers == 0 and TILED_MIN in os.environ:
-                report["calibration"]["ggml_tiled_min_rows"] = int(os.environ[TILED_MIN])
+            if costs.tiled_min is not None:
+                report["calibration"]["ggml_tiled_min_rows"] = costs.tiled_min
             report["dropped_arms"] = {n: [str(a) for a in e.policy.dropped]
                                       for n, e in engines.items() if e.policy.dropped}
         traces = {n: {"arms": [str(a) for a in e.policy.bandit.arms],

@@ -246,7 +246,6 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
     from localspec.engine.build import load
     from localspec.engine.config import TreeBudget
-    from localspec.engine.native import TILED_MIN
 
     from .progress import terminal_progress
 
@@ -267,9 +266,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         print(f"draft {draft.name}: " + "  ".join(f"{n}: {ms} ms" for n, ms in costs.to_dict()["draft_ms"].items()))
     if costs.switch:
         print(f"changing the batch shape and back (CUDA graphs rebuilt): {1e3 * costs.switch:.2f} ms")
-    floor = os.environ.get(TILED_MIN)
-    if target.n_gpu_layers == 0 and floor is not None and not options.exact:
-        print(f"ggml's tiled matmul from {floor} batch rows (measured: fewer rows go row by row)")
+    if costs.tiled_min is not None:
+        print(f"ggml's tiled matmul from {costs.tiled_min} batch rows (measured: fewer rows go row by row)")
     arms = TreeBudget(max_nodes=options.budget.max_nodes, adaptive=True).arms(
         with_models=draft is not None, pruned=True, plain=target.n_gpu_layers == 0)
     # what generate and chat draft with: the engine judges by the same

@@ -92,6 +92,12 @@ class Loaded:
     _curves: dict[tuple[str, ...], Costs] = field(default_factory=dict, repr=False)
 
     @property
+    def numerics(self) -> dict[str, str]:
+        """The numerics switches the calibration was measured with, for the engines' decodes to
+        run under (entered around them: native.switched; none without a calibration)."""
+        return self.costs.switches if self.costs is not None else {}
+
+    @property
     def offloaded(self) -> bool:
         """Whether the engine keeps the target's batch shapes steady (a GPU, unless told)."""
         stable = self.options.stable_shapes

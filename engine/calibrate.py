@@ -28,6 +28,7 @@ import math
 import os
 import platform
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -94,6 +95,15 @@ class Costs:
     # seconds lost when the target's batch shape changes and changes back (a CUDA graph rebuilt
     # twice); 0 on a CPU. A speculative round entered from plain ones pays it.
     switch: float = 0.0
+    # the fewest batch rows on ggml's tiled matmul that the curve was measured with and decodes
+    # must run with (`tiled_floor`; a CPU with packaging/patches), None: ggml's own choice
+    tiled_min: int | None = None
+
+    @property
+    def switches(self) -> dict[str, str]:
+        """The numerics switches (native.py) these costs hold under: what a session enters around
+        its decodes (native.switched), never left set in the process."""
+        return {TILED_MIN: str(self.tiled_min)} if self.tiled_min is not None else {}
 
     @staticmethod
     def _at(curve: dict[int, float], n: int) -> float:
@@ -349,16 +359,16 @@ def calibrate(target: LlamaModel, draft: LlamaModel | None, max_nodes: int,
               progress: Progress | None = None) -> Costs:
     """Cost curves of the target (batches up to max_nodes + 2: a full tree and its padding) and
     of a GGUF draft; with the target on a GPU, also what a change of batch shape costs
-    (`measure_switch`). The cache file is read once; what is measured is added to it, each
-    batch announced to `progress` first (nothing when everything is cached)."""
+    (`measure_switch`); on a CPU with packaging/patches, ggml's tiled-matmul floor
+    (`tiled_floor`, in `Costs.switches`). The cache file is read once; what is measured is added
+    to it, each batch announced to `progress` first (nothing when everything is cached). The
+    process's environment is left as it was."""
     top = max(2, max_nodes + 2)
     sizes = sorted({n for n in SIZES if n <= top} | {top})
     models, wanted = ([target], [sizes]) if draft is None else ([target, draft], [sizes, DRAFT_SIZES])
     names = ("target", "draft")
     path = cache_path(models, cache_dir or default_cache_dir())
     steer = target.n_gpu_layers == 0 and not exact_in_process() and has_tiled_min_switch()
-    if steer:
-        os.environ[TILED_MIN] = str(TILED_FROM)   # a fresh curve is measured as ggml ships
     data = {} if refresh else read_json(path)
     curves = _from_cache(models, wanted, data)
     if curves is None:
@@ -372,19 +382,21 @@ def calibrate(target: LlamaModel, draft: LlamaModel | None, max_nodes: int,
                              _REPS * sum(len(measurable(m, w)) for m, w in zip(models, wanted)))
                   + (_REPS * len(_tiled_sizes(target_sizes)) if measure_floor else 0)
                   + (_SWITCH_PAIRS if measure_shape else 0))
-    if curves is None:
-        curves, data = _measured(models, wanted, path,
-                                 lambda i, n: step(f"{names[i]} {_rows(n)}"))
-    if steer:
-        floor = data.get("tiled_min")
-        if measure_floor:
-            floor, curves[0] = tiled_floor(target, curves[0], step)
-            data = {**data, "tiled_min": floor, "seconds": _as_json(curves)}
-            write_json(path, data)
-        os.environ[TILED_MIN] = str(floor)
+    floor = None
+    # a fresh curve is measured as ggml ships; the floor it leads to is returned, not left set
+    with switches({TILED_MIN: str(TILED_FROM)}) if steer else nullcontext():
+        if curves is None:
+            curves, data = _measured(models, wanted, path,
+                                     lambda i, n: step(f"{names[i]} {_rows(n)}"))
+        if steer:
+            floor = data.get("tiled_min")
+            if measure_floor:
+                floor, curves[0] = tiled_floor(target, curves[0], step)
+                data = {**data, "tiled_min": floor, "seconds": _as_json(curves)}
+                write_json(path, data)
     switch = data.get("switch") if target.n_gpu_layers != 0 and top in target_sizes else 0.0
     if measure_shape:
         switch = measure_switch(target, top, curves[0], step=step)
         data = {**data, "switch": switch}
         write_json(path, data)
-    return Costs(curves[0], curves[1] if draft is not None else {}, path, float(switch))
+    return Costs(curves[0], curves[1] if draft is not None else {}, path, float(switch), floor)

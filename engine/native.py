@@ -20,7 +20,9 @@ llama.cpp is a shared library with process-wide state; five concerns touch it an
 * The log: llama.cpp's log callback keeps warnings and errors in a ring buffer; an error quotes
   the error lines llama.cpp logged during the failing call, not the log's tail.
 * Numerics switches: packaging/patches' environment variables, read by ggml on every call,
-  process-wide. `switches` sets them for a `with` block and puts back what was there.
+  process-wide. `switches` sets them for a `with` block and puts back what was there; `switched`
+  runs each step of a generation inside that block, so a session's numerics (calibration's
+  tiled-matmul floor) hold around its decodes and are never left set for the rest of the process.
 """
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ import os
 from collections import deque
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Generator, Iterator, Mapping, TypeVar
 
 os.environ.setdefault("GGML_NO_BACKTRACE", "1")   # before the libraries load (see above)
 
@@ -161,7 +163,7 @@ def gpu_name() -> str | None:
 
 # ---- numerics switches --------------------------------------------------------------------------
 @contextmanager
-def switches(values: dict[str, str]) -> Iterator[None]:
+def switches(values: Mapping[str, str]) -> Iterator[None]:
     """Set llama.cpp's environment switches for the block; afterwards each is as it was (unset
     ones unset). Nested blocks unwind in order."""
     before = {key: os.environ.get(key) for key in values}
@@ -174,6 +176,25 @@ def switches(values: dict[str, str]) -> Iterator[None]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+T = TypeVar("T")
+
+
+def switched(values: Mapping[str, str], steps: Generator[T, None, None]) -> Iterator[T]:
+    """`steps` with the switches set while each step runs (up to the value it yields), and as they
+    were in between, while the caller holds that value, and after the last."""
+    try:
+        while True:
+            with switches(values):
+                try:
+                    value = next(steps)
+                except StopIteration:
+                    return
+            yield value
+    finally:
+        with switches(values):
+            steps.close()        # a generation left early unwinds under its switches too
 
 
 EXACT_SWITCHES = {TILED_MIN: str(1 << 30), FA_SPLIT_KV: "0", MULTICOL_MAX: "0"}

@@ -5,7 +5,9 @@
 
 `Options`' defaults are what `localspec generate` runs (engine/options.py); engine/build.py loads
 the models and builds the stages, costs and engine. The session turns user input (chat messages,
-raw text) into generation requests and saves what the adaptive budget learnt when it closes.
+raw text) into generation requests, runs each step of a generation under the numerics switches
+its calibration measured with (native.switched: set around the decodes, never left set in the
+process), and saves what the adaptive budget learnt when it closes.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from .calibrate import Progress, write_json
 from .chat import render_chat
 from .config import GenerationRequest, SamplingParams
 from .generation import Event, Generation, finish
+from .native import switched
 from .options import Options
 
 
@@ -65,7 +68,7 @@ class Session:
         request = GenerationRequest(tuple(tokens),
                                     self.cfg.max_tokens if max_tokens is None else max_tokens,
                                     self.cfg.sampling if sampling is None else sampling, tuple(stop))
-        return self.engine.generate(request, should_stop)
+        return switched(self._built.loaded.numerics, self.engine.generate(request, should_stop))
 
     def run(self, tokens: Sequence[int], *, max_tokens: int | None = None,
             sampling: SamplingParams | None = None, stop: Sequence[str] = ()) -> Generation:

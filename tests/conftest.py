@@ -25,10 +25,11 @@ GGML_SWITCHES = ("GGML_CPU_TILED_MM_MIN", "GGML_CPU_FA_SPLIT_KV")
 
 @pytest.fixture(autouse=True)
 def ggml_switches_restored():
-    """llama.cpp's process-wide switches (packaging/patches), as they were before each test: a
-    calibration on a CPU sets GGML_CPU_TILED_MM_MIN for the rest of the process by design, which
-    would change later tests' numerics and their child processes' environment. Taken after any
-    wider-scoped fixture is set up (an exact model a module holds open keeps its switches)."""
+    """llama.cpp's process-wide switches (packaging/patches), as they were before each test: the
+    engine sets them only around decodes (a calibration's floor) or while an exact model is open,
+    but a test that sets one itself, or leaves an exact model open, would change later tests'
+    numerics and their child processes' environment. Taken after any wider-scoped fixture is set
+    up (an exact model a module holds open keeps its switches)."""
     before = {key: os.environ.get(key) for key in GGML_SWITCHES}
     yield
     for key, value in before.items():

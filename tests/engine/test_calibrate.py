@@ -117,6 +117,39 @@ def test_adaptive_session_calibrates_and_keeps_output(tiny, monkeypatch, tmp_pat
         plain.close()
 
 
+def test_a_session_decodes_under_its_calibrations_floor_and_leaves_it_unset(tiny, monkeypatch, tmp_path):
+    """Calibration's tiled-matmul floor is a context the session enters around each step of a
+    generation: every decode of the target and the draft runs with it, and between the steps and
+    after them the process's environment is as it was."""
+    import os
+
+    from localspec.engine.llama_model import exact_in_process
+    from localspec.engine.native import has_tiled_min_switch
+
+    if exact_in_process() or not has_tiled_min_switch():
+        pytest.skip("no tiled-matmul floor here: an exact model is open, or no packaging/patches")
+    monkeypatch.setenv("LOCALSPEC_DATA_DIR", str(tmp_path))
+    monkeypatch.delenv(cal.TILED_MIN, raising=False)
+    session = Session(Options(tiny.target_gguf, draft=tiny.draft_gguf, n_ctx=512, n_threads=1,
+                              budget=TreeBudget(max_nodes=8, adaptive=True)))
+    try:
+        floor = session.costs.tiled_min
+        assert floor is not None and cal.TILED_MIN not in os.environ
+        seen: list[str | None] = []
+        draft = next(d for d in session.stages if d.uses_model)
+        for model in (session.model, draft.model):       # a spy on each model's decodes
+            decode = model.decode
+            monkeypatch.setattr(model, "decode", lambda *a, _decode=decode, **k:
+                                seen.append(os.environ.get(cal.TILED_MIN)) or _decode(*a, **k))
+        between = [os.environ.get(cal.TILED_MIN)
+                   for _ in session.generate(session.raw_prompt("def add(a, b):\n"), max_tokens=24)]
+        assert seen and set(seen) == {str(floor)}
+        assert between and set(between) == {None}
+        assert cal.TILED_MIN not in os.environ
+    finally:
+        session.close()
+
+
 def test_a_first_calibration_announces_every_step_in_order(tiny, monkeypatch, tmp_path):
     """The builder hands `progress` each batch calibration is about to time, numbered 1..n with n
     known from the first step: the target's sizes, the draft's, on a CPU with packaging/patches
@@ -206,9 +239,10 @@ def test_tiled_floor_is_where_the_tiled_path_stops_losing(monkeypatch):
 
 
 @pytest.mark.real_pair
-def test_calibration_sets_the_tiled_floor_it_measured(real_pair, tmp_path, monkeypatch):
+def test_calibration_measures_the_tiled_floor_and_leaves_the_environment(real_pair, tmp_path, monkeypatch):
     """On a CPU with packaging/patches, calibration measures ggml's tiled matmul against its
-    row-by-row path, caches the floor, and steers llama.cpp by it (GGML_CPU_TILED_MM_MIN)."""
+    row-by-row path, caches the floor and returns it as the switch to decode under
+    (GGML_CPU_TILED_MM_MIN, in Costs.switches), leaving the process's environment as it was."""
     from localspec.engine.llama_model import exact_in_process
     from localspec.engine.native import has_tiled_min_switch
 
@@ -222,20 +256,23 @@ def test_calibration_sets_the_tiled_floor_it_measured(real_pair, tmp_path, monke
         data = json.loads(next(tmp_path.glob("*.json")).read_text())
         floor = data["tiled_min"]
         assert floor in {8, 12, 16} or floor == 17
-        assert cal.os.environ[cal.TILED_MIN] == str(floor)
+        assert costs.tiled_min == floor and costs.switches == {cal.TILED_MIN: str(floor)}
+        assert cal.TILED_MIN not in cal.os.environ
         assert {int(n): s for n, s in data["seconds"][0].items()} == costs.target
         monkeypatch.setattr(cal, "measure", lambda *a, **k: pytest.fail("measured again"))
         monkeypatch.setenv(cal.TILED_MIN, "8")
-        assert cal.calibrate(target, None, 14, cache_dir=tmp_path).target == costs.target
-        assert cal.os.environ[cal.TILED_MIN] == str(floor)
+        again = cal.calibrate(target, None, 14, cache_dir=tmp_path)
+        assert again.target == costs.target and again.tiled_min == floor
+        assert cal.os.environ[cal.TILED_MIN] == "8"
     finally:
         target.close()
 
 
+@pytest.mark.slow
 def test_a_test_that_calibrates_leaves_the_ggml_switches_to_no_later_test(tmp_path):
-    """Calibration on a CPU steers llama.cpp process-wide (GGML_CPU_TILED_MM_MIN, read by ggml on
-    every call, and inherited by child processes): after each test, in pytest's own process, the
-    switches are as they were before it (tests/conftest.py puts them back)."""
+    """ggml's switches are process-wide (GGML_CPU_TILED_MM_MIN, read by ggml on every call, and
+    inherited by child processes): after a test that calibrates and generates, in pytest's own
+    process, they are as they were before it."""
     import os
     import subprocess
     import sys
@@ -252,7 +289,7 @@ def test_a_test_that_calibrates_leaves_the_ggml_switches_to_no_later_test(tmp_pa
                PYTHONPATH=os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")]))
     here = Path(__file__).name
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "switch_probe", "-p", "no:cacheprovider",
-                          f"{here}::test_calibration_sets_the_tiled_floor_it_measured",   # skips without the pair
+                          f"{here}::test_calibration_measures_the_tiled_floor_and_leaves_the_environment",   # skips without the pair
                           f"{here}::test_adaptive_session_calibrates_and_keeps_output"],
                          cwd=Path(__file__).parent, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout + run.stderr
