@@ -8,6 +8,7 @@ kernel in the process, llama.cpp's too, inside CUDA graphs as well) and prints, 
 time, GPU busy time, and the kernels grouped by family (matmul, attention, norms and the rest, the
 logits copy to the host).
 Usage: python3 dev/verify_cost_probe.py TARGET.gguf [SIZES]
+PROFILE=1,8,16 names the sizes profiled (default 1,3,8; empty: none).
 DUMP=FILE.npz saves the logits of batches of 1, 3 and 8 tokens (and skips the timing); with
 COMPARE=OTHER.npz too it prints how far they lie from another run's (GGML_CUDA_DISABLE_FUSION=1
 against a fused build, say: a kernel change must not move them).
@@ -135,7 +136,7 @@ def main() -> None:
     print(f"numpy argmax of 8 rows: {1e3 * (time.perf_counter() - t) / 200:.3f} ms")
     import torch
     if torch.cuda.is_available():
-        for n in (1, 3, 8):
+        for n in [int(s) for s in os.environ.get("PROFILE", "1,3,8").split(",") if s]:
             profile(model, n)
     model.close()
 
