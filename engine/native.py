@@ -42,6 +42,7 @@ from llama_cpp import llama_cpp as _raw  # noqa: E402
 TILED_MIN = "GGML_CPU_TILED_MM_MIN"   # packaging/patches: fewest batch rows on ggml's tiled matmul
 FA_SPLIT_KV = "GGML_CPU_FA_SPLIT_KV"  # packaging/patches: 0 keeps one query's KV cells on one thread
 MULTICOL_MAX = "GGML_CPU_MULTICOL_MAX"  # packaging/patches: most batch rows on the multi-column kernels
+MULTICOL_MIN = "GGML_CPU_MULTICOL_MIN"  # packaging/patches: 1 puts one-row decodes on them too
 
 
 # ---- the log ------------------------------------------------------------------------------------
@@ -197,17 +198,19 @@ def switched(values: Mapping[str, str], steps: Generator[T, None, None]) -> Iter
             steps.close()        # a generation left early unwinds under its switches too
 
 
-EXACT_SWITCHES = {TILED_MIN: str(1 << 30), FA_SPLIT_KV: "0", MULTICOL_MAX: "0"}
+EXACT_SWITCHES = {TILED_MIN: str(1 << 30), FA_SPLIT_KV: "0", MULTICOL_MIN: "1", MULTICOL_MAX: str(1 << 30)}
 
 
 class ExactNumerics:
     """What exact numerics need from the process, held while any exact model is open (the switches
     are process-wide): ggml's tiled K-quant matmul, taken from 8 rows of a batch up, sums in
-    another order than the one-row path, so its row floor goes out of reach, and so do the
-    multi-column kernels (a batch's columns agree with each other, not with a one-row decode); ggml's flash
-    attention splits a single query's KV cells over threads once 512 are in view (a context past
-    256 tokens), which a batch's rows never do, so that is off. A context manager: the first
-    holder sets the switches, the last one out puts back what was there."""
+    another order than the one-row path, so its row floor goes out of reach; the multi-column
+    kernels (packaging/patches), whose columns agree bit for bit at every width they take, take
+    every width from one row up, so a verify's rows cost a batch, not a decode each (where they
+    are not built, ggml's one-column kernels do every row, as alike); ggml's flash attention
+    splits a single query's KV cells over threads once 512 are in view (a context past 256
+    tokens), which a batch's rows never do, so that is off. A context manager: the first holder
+    sets the switches, the last one out puts back what was there."""
 
     _holders = 0
     _block: AbstractContextManager[None] | None = None

@@ -87,10 +87,10 @@ def _repack_buffer_type(base: ctypes.CDLL, cpu: ctypes.CDLL) -> int:
 
 
 def _mul_mat(kind: int, weights: np.ndarray, acts: np.ndarray, multicol: str,
-             repack: bool = False) -> np.ndarray:
+             repack: bool = False, min_cols: str = "2") -> np.ndarray:
     """ggml_mul_mat of `weights` (ROWS x K f32, quantized to `kind`; in the repacking buffer
     type when `repack`) by the columns of `acts` (n x K f32) on 2 threads, with
-    GGML_CPU_MULTICOL_MAX=multicol: n x ROWS f32."""
+    GGML_CPU_MULTICOL_MAX=multicol and GGML_CPU_MULTICOL_MIN=min_cols: n x ROWS f32."""
     base, cpu = _ggml()
     quantized = np.zeros(ROWS * K, dtype=np.uint8)     # more than any 4-/6-bit row needs
     src = np.ascontiguousarray(weights, dtype=np.float32)
@@ -112,7 +112,8 @@ def _mul_mat(kind: int, weights: np.ndarray, acts: np.ndarray, multicol: str,
         y = base.ggml_mul_mat(ctx, w, x)
         graph = base.ggml_new_graph(ctx)
         base.ggml_build_forward_expand(graph, y)
-        with native.switches({native.MULTICOL_MAX: multicol, native.TILED_MIN: str(1 << 30)}):
+        with native.switches({native.MULTICOL_MAX: multicol, native.MULTICOL_MIN: min_cols,
+                              native.TILED_MIN: str(1 << 30)}):
             assert cpu.ggml_graph_compute_with_ctx(ctx, graph, 2) == 0
         out = np.ctypeslib.as_array(ctypes.cast(base.ggml_get_data(y), ctypes.POINTER(ctypes.c_float)),
                                     shape=(len(acts), ROWS))
@@ -145,3 +146,20 @@ def test_multicol_matches_ggml_at_every_width_and_columns_agree_across_widths(ki
         assert err <= TOLERANCE, f"{n} columns: {err:.2e} of the output's scale from ggml's"
         if n >= 2:   # one column keeps ggml's kernel (the multi-column ones start at 2)
             assert np.array_equal(got, widest[:n]), f"a column's output changed at {n} columns"
+
+
+@pytest.mark.parametrize("kind, repack", [(Q4_K, False), (Q6_K, False), (Q4_K, True)],
+                         ids=["Q4_K", "Q6_K", "Q4_K-repacked"])
+def test_exact_switches_make_every_width_compute_a_column_alike(kind, repack):
+    """What exact numerics switch on (native.EXACT_SWITCHES): the kernels from one column up and past
+    any batch, so a one-token decode's column is the same bit for bit as inside any verify."""
+    exact = native.EXACT_SWITCHES
+    rng = np.random.default_rng(100 + kind + repack)
+    weights = rng.normal(size=(ROWS, K)).astype(np.float32)
+    acts = rng.normal(size=(COLS, K)).astype(np.float32)
+    widest = _mul_mat(kind, weights, acts, exact[native.MULTICOL_MAX], repack, exact[native.MULTICOL_MIN])
+    for n in range(1, COLS + 1):
+        got = _mul_mat(kind, weights, acts[:n], exact[native.MULTICOL_MAX], repack, exact[native.MULTICOL_MIN])
+        assert np.array_equal(got, widest[:n]), f"a column's output changed at {n} columns"
+    one = _mul_mat(kind, weights, acts[:1], "0", repack)
+    assert not np.array_equal(widest[:1], one), "one column ran ggml's own kernel, not the multi-column one"
