@@ -31,9 +31,10 @@ test: install bench-models
 # Test tiers: tests/unit (pure logic, seconds), tests/engine (the tiny models), tests/app (the CLI,
 # the engine process, the chat screen under Pilot) and tests/system (wheel, clean venv, pull against a
 # local hub, tmux, the reference pair, the hostile-input suite). `make test` runs them all; test-fast
-# the first three.
+# the first three less the tests marked slow or real_pair (pyproject.toml says which: kill/crash runs,
+# the draft head's CLI and sampling runs, the reference pair, ...).
 test-fast: install
-	$(BIN)/python -m pytest -q tests/unit tests/engine tests/app
+	$(BIN)/python -m pytest -q -m "not slow and not real_pair" tests/unit tests/engine tests/app
 
 test-unit: install
 	$(BIN)/python -m pytest -q tests/unit

@@ -46,7 +46,7 @@ def test_truncated_inside_header(tmp_path, tiny):
     assert_clean_error(run_cli("generate", "hi", "--model", str(cut)), "truncated")
 
 
-@pytest.mark.parametrize("kind", ["gguf", "torch"])
+@pytest.mark.parametrize("kind", ["gguf", pytest.param("torch", marks=pytest.mark.slow)])
 def test_draft_vocabulary_mismatch_names_both_sizes(tiny, kind):
     other = tiny.other_vocab_gguf if kind == "gguf" else tiny.other_vocab_torch
     proc = run_cli("generate", "hi", "--raw", "--model", str(tiny.target_gguf), "--draft", str(other))

@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 
 def generate(tiny, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "localspec.app.cli", "generate", "--model",
@@ -45,6 +47,7 @@ def test_chat_template_is_applied_unless_raw(tiny):
     assert out["stats"]["prompt_tokens"] > 8 and out["text"].strip()
 
 
+@pytest.mark.slow
 def test_head_option_drafts_with_the_head_and_keeps_greedy_output(tiny, tiny_head):
     args = ("class Person:\n    def __init__(self, name, age):\n", "--raw", "--json", "--max-tokens", "32")
     spec = generate(tiny, *args, "--head", str(tiny_head), "--no-personal")

@@ -55,6 +55,7 @@ def test_head_is_trained_to_predict_the_target(tiny, tiny_head):
     assert head.vocab.size == meta["draft_vocab"] and np.all(np.diff(head.vocab) > 0)
 
 
+@pytest.mark.slow
 def test_cli_trains_and_describes_a_head(tiny, tmp_path):
     text = tmp_path / "notes"
     text.mkdir()
@@ -95,6 +96,7 @@ def test_head_train_dequantises_the_target_tables_once(tiny, tmp_path, monkeypat
     assert sorted(whole) == ["output.weight", "output_norm.weight", "token_embd.weight"]
 
 
+@pytest.mark.slow
 def test_cli_names_the_fix_for_bad_training_input(tiny, tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -195,6 +197,7 @@ def test_bench_head_without_a_head_configuration_names_the_fix(tiny, tiny_head):
     assert run.returncode == 2 and "adaptive-head" in run.stderr, run.stderr
 
 
+@pytest.mark.slow
 def test_calibrate_measures_the_head_in_the_draft_models_place(tiny, tiny_head, tmp_path):
     run = subprocess.run([sys.executable, "-m", "localspec.app.cli", "calibrate", "--model", str(tiny.target_gguf),
                           "--draft", str(tiny.draft_gguf), "--head", str(tiny_head), "--ctx", "256"],

@@ -247,6 +247,7 @@ CHILD = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_sigkill_during_add_leaves_old_or_new(tmp_path):
     path, n_big = tmp_path / "crash.sqlite", 80_000
     old = [1, 2, 3, 4] * 50

@@ -74,6 +74,7 @@ def test_staged_tree_sampling_matches_target_distribution(staged):
     assert tv < bound, f"TV {tv:.4f} >= bound {bound:.4f}"
 
 
+@pytest.mark.slow
 def test_draft_head_sampling_matches_target_distribution(tiny, tiny_head):
     """The head's proposals cover only its draft vocabulary (zero mass elsewhere): still exact."""
     session = Session(Options(tiny.target_gguf, head=tiny_head, n_ctx=256, n_threads=1,
@@ -97,6 +98,7 @@ def accept_whenever_possible(tree, node, p, rng):
     return -1, p.sample(rng)
 
 
+@pytest.mark.slow
 def test_biased_verifier_fails(staged, monkeypatch):
     session, prompt, joint = staged
     monkeypatch.setattr(verify, "choose_child", accept_whenever_possible)
