@@ -15,6 +15,11 @@ from localspec.engine.session import Session
 from localspec.engine.options import Options
 
 
+def refuse_to_measure(*args, **kwargs):
+    """calibrate.measure's stand-in where everything must come from the cache."""
+    raise AssertionError("measured again although cached")
+
+
 def test_measured_curve_is_cached_per_model_and_machine(tiny, tmp_path, monkeypatch):
     model = LlamaModel(tiny.target_gguf, n_ctx=256, n_seq_max=4, n_threads=1)
     try:
@@ -23,9 +28,7 @@ def test_measured_curve_is_cached_per_model_and_machine(tiny, tmp_path, monkeypa
         files = list(tmp_path.glob("*.json"))
         assert len(files) == 1 and json.loads(files[0].read_text())["models"] == [str(model.path)]
 
-        def refuse(*a, **k):
-            raise AssertionError("measured again although cached")
-        monkeypatch.setattr(cal, "measure", refuse)
+        monkeypatch.setattr(cal, "measure", refuse_to_measure)
         assert cal.cached_curves([model], [(1, 4, 8)], tmp_path) == [curve]
         files[0].write_text("{not json")                    # a damaged cache is measured again
         monkeypatch.undo()
@@ -61,9 +64,7 @@ def test_a_load_reads_the_cache_file_once(tiny, tmp_path, monkeypatch):
         assert {int(n): s for n, s in data["seconds"][0].items()} == first.target
         assert ("tiled_min" in data) is (has_tiled_min_switch() and not exact_in_process())
 
-        def refuse(*a, **k):
-            raise AssertionError("measured again although cached")
-        monkeypatch.setattr(cal, "measure", refuse)
+        monkeypatch.setattr(cal, "measure", refuse_to_measure)
         second = cal.calibrate(model, None, 8, cache_dir=tmp_path)
         assert reads == [first.file] * 2 and second.target == first.target
         assert json.loads(first.file.read_text()) == data
@@ -259,7 +260,7 @@ def test_calibration_measures_the_tiled_floor_and_leaves_the_environment(real_pa
         assert costs.tiled_min == floor and costs.switches == {cal.TILED_MIN: str(floor)}
         assert cal.TILED_MIN not in cal.os.environ
         assert {int(n): s for n, s in data["seconds"][0].items()} == costs.target
-        monkeypatch.setattr(cal, "measure", lambda *a, **k: pytest.fail("measured again"))
+        monkeypatch.setattr(cal, "measure", refuse_to_measure)
         monkeypatch.setenv(cal.TILED_MIN, "8")
         again = cal.calibrate(target, None, 14, cache_dir=tmp_path)
         assert again.target == costs.target and again.tiled_min == floor
