@@ -33,8 +33,9 @@ from localspec.engine.llama_model import LlamaModel, default_threads, gpu_offloa
 from localspec.engine.native import switches
 from localspec.engine.numerics import first_difference, top2_gap
 from localspec.engine.options import Options
-from localspec.engine.session import draft_runs_in_torch
+from localspec.engine.session import Session, draft_runs_in_torch
 
+from . import workloads
 from .humaneval_check import pass_at_1
 from .workloads import Prompt
 
@@ -259,6 +260,20 @@ def run_bench(target: Path, draft: Path | None, prompts: Sequence[Prompt], names
 
 _LEARN_SUFFIXES = (".py", ".md", ".txt")
 _TRACE_RUNS = 5000   # the adaptive budget's runs of one arm kept in bench.json
+
+
+def bench_inputs(model: Path, workload: str, limit: int, learn: Sequence[str], learn_max_tokens: int,
+                 scratch: Path | None, n_ctx: int = Options.n_ctx):
+    """A workload's prompts and the store the "ngram" stage reads (`open_ngram_store`), both
+    tokenised by one plain session of `model`, closed before this returns. Returns (prompts,
+    store, a description of the store's source)."""
+    probe = Session(Options(model, speculation=False, n_ctx=n_ctx))
+    try:
+        prompts = workloads.build(workload, limit, probe.raw_prompt, probe.chat_prompt)
+        store, source = open_ngram_store(model, learn, learn_max_tokens, probe.raw_prompt, scratch)
+    finally:
+        probe.close()
+    return prompts, store, source
 
 
 def open_ngram_store(model: Path, learn: Sequence[str], max_tokens: int,

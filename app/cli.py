@@ -174,9 +174,9 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from localspec.app import bench, workloads
+    from localspec.app import bench
     from localspec.engine.errors import LocalspecError
-    from localspec.engine.session import Session, draft_runs_in_torch
+    from localspec.engine.session import draft_runs_in_torch
 
     from .paths import model_path
 
@@ -204,14 +204,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     model = model_path(args.model, "Model")
     draft = model_path(args.draft, "Draft model") if args.draft else None
     draft_runs_in_torch(draft, args.torch_draft)
-    probe = Session(Options(model, speculation=False, n_ctx=options.n_ctx))
     scratch = tempfile.TemporaryDirectory(prefix="localspec-bench-") if args.learn else None
-    try:
-        prompts = workloads.build(args.workload, args.limit, probe.raw_prompt, probe.chat_prompt)
-        store, learnt = bench.open_ngram_store(model, args.learn, args.learn_max_tokens, probe.raw_prompt,
-                                               Path(scratch.name) if scratch else None)
-    finally:
-        probe.close()
+    prompts, store, learnt = bench.bench_inputs(model, args.workload, args.limit, args.learn, args.learn_max_tokens,
+                                                Path(scratch.name) if scratch else None, options.n_ctx)
     try:
         report = bench.run_bench(model, draft, prompts, names, options.max_tokens, options.sampling,
                                  options.n_ctx,

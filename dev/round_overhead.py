@@ -17,14 +17,12 @@ import pstats
 import tempfile
 from pathlib import Path
 
-from localspec.app.bench import CONFIGS, BenchConfig, _engines, config, open_ngram_store
-from localspec.app.workloads import build
+from localspec.app.bench import CONFIGS, BenchConfig, _engines, bench_inputs, config
 from localspec.engine.calibrate import Costs, read_json
 from localspec.engine.config import GenerationRequest, SamplingParams, TreeBudget
 from localspec.engine.generation import finish
 from localspec.engine.build import load
 from localspec.engine.options import Options
-from localspec.engine.session import Session
 
 
 # the adaptive configuration's free drafters alone: what a GPU plays in nearly every round
@@ -112,14 +110,9 @@ def main() -> None:
     names = args.configs.split(",")
     costs = costs_of(args.bench_json)
     max_nodes = max(config(n).budget.max_nodes for n in names)
-    probe = Session(Options(args.target, speculation=False))   # the prompts, the n-gram files
     with tempfile.TemporaryDirectory() as scratch:
-        try:
-            store, source = open_ngram_store(args.target, args.learn, args.learn_max_tokens,
-                                             probe.raw_prompt, Path(scratch))
-            prompts = build(args.workload, args.limit, probe.raw_prompt, probe.chat_prompt)
-        finally:
-            probe.close()
+        prompts, store, source = bench_inputs(args.target, args.workload, args.limit, args.learn,
+                                              args.learn_max_tokens, Path(scratch))
         print("n-grams:", source)
         limits = max((config(n).draft_limits for n in names), key=lambda d: d.pad_rows)
         loaded = load(Options(args.target, draft=args.draft, maxgram=False, personal=False,
