@@ -129,7 +129,7 @@ def has_exact_switches() -> bool:
 
 def has_multicol_kernels() -> bool:
     """Whether ggml's CPU matmul here has packaging/patches' multi-column Q4_K/Q6_K kernels (built
-    where the CPU has AVX-512 VNNI)."""
+    where the CPU has AVX-512 VNNI, or AVX2)."""
     return has_marker("localspec_multicol_switch")
 
 
