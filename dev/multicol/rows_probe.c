@@ -6,6 +6,7 @@
 //   gcc -O3 -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mfma -mf16c -mavx2 rows_probe.c \
 //       -I$S/src/ggml-cpu -I$S/include -I$S/src -L$L -lggml -lggml-base -lggml-cpu -lm \
 //       -Wl,-rpath,$L -o probe && ./probe K ROWS      (e.g. 1536 2048, 8960 1536)
+// (the AVX2 build of the kernels: the same line without the -mavx512* flags, against an AVX2 build)
 #define GGML_COMMON_DECL_C
 #include "ggml-common.h"
 #include "ggml.h"
@@ -40,7 +41,7 @@ int main(int argc, char**argv){ ggml_cpu_init();
     }
     double maxrel = 0; int mism = 0;
     for (int n=1;n<=16;n++){
-      for (int r=0;r<R;r++) for (int c0=0;c0<n;c0+=8){ int nc = n-c0<8?n-c0:8;
+      for (int r=0;r<R;r++) for (int c0=0;c0<n;c0+=LSP_MC_MAX_COLS){ int nc = n-c0<LSP_MC_MAX_COLS?n-c0:LSP_MC_MAX_COLS;
         if (t==0) lsp_mc_q4_K(K,(const block_q4_K*)(w+r*rs), yp+c0*ys, ys, nc, &got[r*16+c0]);
         else lsp_mc_q6_K(K,(const block_q6_K*)(w+r*rs), yp+c0*ys, ys, nc, &got[r*16+c0]); }
       for (int r=0;r<R;r++) for(int c=0;c<n;c++){
@@ -55,7 +56,7 @@ int main(int argc, char**argv){ ggml_cpu_init();
         if (t==0) ggml_vec_dot_q4_K_q8_K(K, &ref[c], 0, w+r*rs, 0, y+c*ys, 0, 1);
         else ggml_vec_dot_q6_K_q8_K(K, &ref[c], 0, w+r*rs, 0, y+c*ys, 0, 1);}
       double tv=(now()-t0)/reps; t0=now();
-      for (int rep=0;rep<reps;rep++) for (int r=0;r<R;r++) for (int c0=0;c0<n;c0+=8){ int nc=n-c0<8?n-c0:8;
+      for (int rep=0;rep<reps;rep++) for (int r=0;r<R;r++) for (int c0=0;c0<n;c0+=LSP_MC_MAX_COLS){ int nc=n-c0<LSP_MC_MAX_COLS?n-c0:LSP_MC_MAX_COLS;
         if (t==0) lsp_mc_q4_K(K,(const block_q4_K*)(w+r*rs), yp+c0*ys, ys, nc, &got[c0]);
         else lsp_mc_q6_K(K,(const block_q6_K*)(w+r*rs), yp+c0*ys, ys, nc, &got[c0]); }
       double tm=(now()-t0)/reps;
