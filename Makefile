@@ -32,9 +32,10 @@ test: install bench-models
 # the engine process, the chat screen under Pilot) and tests/system (wheel, clean venv, pull against a
 # local hub, tmux, the reference pair, the hostile-input suite). `make test` runs them all; test-fast
 # the first three less the tests marked slow or real_pair (pyproject.toml says which: kill/crash runs,
-# the draft head's CLI and sampling runs, the reference pair, ...).
+# the draft head's CLI and sampling runs, the reference pair, ...), one worker per CPU (pytest-xdist;
+# tests/conftest.py keeps each worker to its CPU).
 test-fast: install
-	$(BIN)/python -m pytest -q -m "not slow and not real_pair" tests/unit tests/engine tests/app
+	$(BIN)/python -m pytest -q -n auto -m "not slow and not real_pair" tests/unit tests/engine tests/app
 
 test-unit: install
 	$(BIN)/python -m pytest -q tests/unit

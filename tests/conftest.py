@@ -11,6 +11,20 @@ import torch
 # Tiny models gain nothing from threads; spinning threads on a loaded 2-core machine cost a lot.
 torch.set_num_threads(1)
 
+
+def _one_cpu_per_worker() -> None:
+    """Under pytest-xdist (make test-fast) each worker keeps to a CPU of its own, and so do the
+    processes it starts: what llama.cpp and torch run on by default is every CPU a process may use
+    (llama_model.default_threads), and two threads per process spinning for cores that the other
+    worker holds made two workers slower than one."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")   # gw0, gw1, ...
+    if worker and hasattr(os, "sched_setaffinity"):
+        cpus = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cpus[int(worker[2:]) % len(cpus)]})
+
+
+_one_cpu_per_worker()
+
 # User data (the personal n-gram store) goes to a scratch folder, never the user's real one;
 # child processes (CLI tests) inherit it.
 os.environ["LOCALSPEC_DATA_DIR"] = tempfile.mkdtemp(prefix="localspec-test-data-")
