@@ -211,10 +211,6 @@ class Built:
     learnt_path: Path | None = None
 
     @property
-    def options(self) -> Options:
-        return self.loaded.options
-
-    @property
     def model(self) -> LlamaModel:
         return self.loaded.model
 
