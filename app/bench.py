@@ -29,7 +29,7 @@ from localspec.engine.build import Loaded, load
 from localspec.engine.decode import Engine
 from localspec.engine.errors import LocalspecError
 from localspec.engine.generation import Generation, finish
-from localspec.engine.llama_model import LlamaModel, default_threads, gpu_offload_supported
+from localspec.engine.llama_model import LlamaModel, gpu_offload_supported
 from localspec.engine.native import switches
 from localspec.engine.numerics import first_difference, top2_gap
 from localspec.engine.options import Options
@@ -175,21 +175,23 @@ _STAGE_OPTION = {"draft": "a draft model (--draft)", "ngram": "an n-gram store (
 def run_bench(target: Path, draft: Path | None, prompts: Sequence[Prompt], names: Sequence[str],
               max_tokens: int, sampling: SamplingParams, n_ctx: int, store=None,
               progress: Callable[[str], None] = lambda s: None, check: bool = True,
-              torch_draft: bool = False, head: Path | None = None, exact: bool = False) -> dict:
+              torch_draft: bool = False, head: Path | None = None, exact: bool = False,
+              n_threads: int | None = None) -> dict:
     """Run every configuration on every prompt; the report. `store`: the n-gram store the "ngram"
     stage reads (configurations with that stage are skipped without one). `check`: HumanEval
     pass@1 for prompts that carry a problem. `torch_draft`: run the draft in PyTorch (a
     transformers folder always is; a .gguf is dequantised), on the GPU with CUDA graphs.
     `head`: a draft head for the "head" configurations (the target then hands back its hidden
     states in every configuration, plain included). `exact`: the target in batch-invariant
-    numerics (plain too), where greedy configurations must match plain token for token."""
+    numerics (plain too), where greedy configurations must match plain token for token.
+    `n_threads`: CPU threads for the models (None: every core this process may use)."""
     max_nodes = max(config(n).budget.max_nodes for n in names)
     uses_head = head is not None and any("head" in config(n).stages for n in names)
     in_torch = draft_runs_in_torch(draft, torch_draft)
     # the shared target, draft and head, loaded by the builder; bench builds each
     # configuration's stages over them
     options = Options(target, draft=draft, torch_draft=in_torch, head=head if uses_head else None,
-                      speculation=True, n_ctx=n_ctx, exact=exact,
+                      speculation=True, n_ctx=n_ctx, exact=exact, n_threads=n_threads,
                       n_gpu_layers=0 if exact else -1,   # exact: CPU only
                       budget=TreeBudget(max_nodes=max_nodes),
                       draft_limits=max((config(n).draft_limits for n in names), key=lambda d: d.pad_rows))
@@ -340,7 +342,7 @@ def _report(results: dict[str, ConfigResult], target: Path, draft: Path | None, 
                      "identical": f"{r.identical}/{r.prompts}",
                      "max_gap_at_difference": round(max(r.gaps), 4) if r.gaps else None,
                      "stages": acc})
-    return {"machine": {"cpu": platform.processor() or platform.machine(), "threads": default_threads(),
+    return {"machine": {"cpu": platform.processor() or platform.machine(), "threads": model.n_threads,
                         "gpu_offload": gpu_offload_supported(), "gpu_layers": model.n_gpu_layers},
             "numerics": "exact" if model.exact else "fast",
             "target": str(target), "draft": str(draft) if draft else None, "prompts": n,

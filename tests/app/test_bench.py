@@ -117,7 +117,7 @@ def test_bench_command_writes_table_json_and_learns_a_scratch_store(tiny, tmp_pa
         [sys.executable, "-m", "localspec.app.cli", "bench", "--model", str(tiny.target_gguf),
          "--draft", str(tiny.draft_gguf), "--workload", "humaneval", "--limit", "2",
          "--max-tokens", "12", "--ctx", "1024", "--configs", "plain,ngram,staged,adaptive-4",
-         "--learn", str(corpus), "--out", str(out)],
+         "--learn", str(corpus), "--threads", "1", "--out", str(out)],
         capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "pass@1" in proc.stdout and "staged" in proc.stdout
@@ -125,6 +125,16 @@ def test_bench_command_writes_table_json_and_learns_a_scratch_store(tiny, tmp_pa
     assert [r["config"] for r in report["rows"]] == ["plain", "ngram", "staged", "adaptive-4"]
     assert all(r["pass_at_1"].endswith("/2") for r in report["rows"])
     assert report["ngram_source"].startswith("30 files")
+    assert report["machine"]["threads"] == 1     # --threads reached the models
+
+
+def test_bench_refuses_a_bad_thread_count_naming_the_flag(tiny, tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "localspec.app.cli", "bench", "--model", str(tiny.target_gguf),
+         "--threads", "0", "--out", str(tmp_path / "out")],
+        capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "--threads" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "out").exists()
 
 
 def test_adaptive_n_names_a_budget_and_bad_names_name_the_choices(tiny, tmp_path):
