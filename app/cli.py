@@ -147,12 +147,12 @@ def write_flushed(piece: str) -> None:
 
 
 def _add_bench(sub: argparse._SubParsersAction) -> None:
-    from .run_options import THREADS_HELP, add_model_options, add_sampling_options
+    from .run_options import add_model_options, add_sampling_options, add_threads_option
 
     p = sub.add_parser("bench", help="run decoding configurations side by side and compare them")
     add_model_options(p, model_help="target model: a .gguf file")
     add_sampling_options(p)
-    p.add_argument("--threads", type=int, help=THREADS_HELP)
+    add_threads_option(p)
     p.add_argument("--workload", default="humaneval", choices=["humaneval", "edit", "chat", "newcode"])
     p.add_argument("--limit", type=int, default=None, help="first N problems only")
     p.add_argument("--configs", default=None,

@@ -37,7 +37,8 @@ def add_model_options(p: argparse.ArgumentParser, model_required: bool = True,
     p.add_argument("--exact", action="store_true", default=None, help=EXACT_HELP)
 
 
-THREADS_HELP = "CPU threads (default: every core this process may use)"
+def add_threads_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--threads", type=int, help="CPU threads (default: every core this process may use)")
 
 
 def add_engine_options(p: argparse.ArgumentParser) -> None:
@@ -50,7 +51,7 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fixed-budget", action="store_true", default=None,
                    help="always draft --tree-nodes nodes (default: pick 0..N per round by measured speed)")
     p.add_argument("--gpu-layers", type=int, help="layers to offload to the GPU (default -1: all)")
-    p.add_argument("--threads", type=int, help=THREADS_HELP)
+    add_threads_option(p)
 
 
 def add_sampling_options(p: argparse.ArgumentParser) -> None:
