@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On the GPU host, after dev/gpu-build.sh and the model reassembly: `localspec bench` of this checkout
+# On the GPU host, after dev/gpu-build.sh (which reassembles the models): `localspec bench` of this checkout
 # ("new") and of another source tree ("base", BASE=folder holding its engine/ models/ app/) on the
 # same machine, one after the other per workload, each "WORKLOAD:LIMIT[:TEMP[:CONFIGS]]" as in
 # dev/gpu-bench.sh. Each side starts from its own empty data dir (a cold calibration, as a new user).

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On the GPU host, after dev/gpu-build.sh and the model reassembly (the team's GPU staging puts the sdist and models in .gpu/):
+# On the GPU host, after dev/gpu-build.sh, which reassembles the models (the team's GPU staging puts the sdist and models in .gpu/):
 # run `localspec bench` on the reference pair once per argument, each "WORKLOAD:LIMIT[:TEMP[:CONFIGS]]"
 # (e.g. humaneval:40  humaneval:40:0.7  edit:40:0:plain,maxgram,adaptive), results under $OUT/NAME:
 # bench.json only (a run's files come back only up to a count), bench.png too with PNG=1.

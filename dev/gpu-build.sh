@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU host: build llama.cpp with CUDA from the staged sdist (the team's GPU staging puts the sdist and models in .gpu/) and
-# make `localspec` importable from this checkout without network (a symlink shim in /tmp/site).
+# make `localspec` importable from this checkout without network (a symlink shim in /tmp/site), and
+# reassemble the models when their pieces are there.
 # A build is slow (~4 min): its libraries go back under $OUT as libs.* pieces (xz, 15 MB each);
 # put them in .gpu/libs/ (or the folder LIBS names) and carry it next time to skip the build.
 set -euo pipefail
@@ -32,3 +33,12 @@ if [ -d .gpu/whl2/site ]; then cp -r .gpu/whl2/site/* /tmp/site/; fi
 cp -r "$d/llama_cpp" /tmp/site/
 for sub in engine models app; do ln -sfn "$PWD/$sub" "/tmp/site/localspec/$sub"; done
 echo built; ls -la /tmp/cb/bin | head -20
+# the models, from the staged pieces (.gpu/m, or the folder PARTS names: pieces moved out of the
+# checkout, which each call's copy replaces), once per host: draft bytes first (.gpu/draft-bytes)
+parts=${PARTS:-.gpu/m}
+if [ ! -f /tmp/mod/target.gguf ] && ls "$parts"/* >/dev/null 2>&1; then
+  mkdir -p /tmp/mod && cat "$parts"/* > /tmp/all.bin
+  head -c "$(cat .gpu/draft-bytes)" /tmp/all.bin > /tmp/mod/draft.gguf
+  tail -c +$(( $(cat .gpu/draft-bytes) + 1 )) /tmp/all.bin > /tmp/mod/target.gguf && rm /tmp/all.bin
+  sha256sum /tmp/mod/*.gguf
+fi

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On the GPU host, after dev/gpu-build.sh and the model reassembly: train a draft head for the
+# On the GPU host, after dev/gpu-build.sh (which reassembles the models): train a draft head for the
 # target on this host's Python standard library (the text the bench's n-gram stage learns from
 # too; HumanEval is not in it): TOKENS of its text and GEN tokens of the target's own
 # continuations of its functions. Writes /tmp/head.npz, and $OUT/head.npz.00, .01 (16 MiB a file

@@ -1,24 +1,17 @@
 #!/usr/bin/env bash
-# On the GPU host, with the model pieces in .gpu/m (or the folder PARTS names): build llama.cpp (dev/gpu-build.sh), reassemble the
-# models, run the kernel tests, then dev/verify_cost_probe.py with ggml's own mat-vec choice
-# (GGML_CUDA_MMVQ_WIDE_MAX=0) and with packaging/patches' wide kernels (unset), one build.
-# Results: $OUT/probe-{stock,wide}.txt, $OUT/kernel-tests.txt.
+# On the GPU host, with the model pieces in .gpu/m (or the folder PARTS names): build llama.cpp and
+# reassemble the models (dev/gpu-build.sh), run the kernel tests, then dev/verify_cost_probe.py once
+# per VARIANTS entry ("name:VAR=VALUE,VAR=VALUE;name2:...": llama.cpp switches), one build.
+# Results: $OUT/probe-NAME.txt, $OUT/kernel-tests.txt.
 set -euo pipefail
 bash dev/gpu-build.sh > /tmp/build.log 2>&1 || { tail -n 30 /tmp/build.log; exit 1; }
-tail -n 2 /tmp/build.log
-if [ ! -f /tmp/mod/target.gguf ]; then
-  mkdir -p /tmp/mod && cat "${PARTS:-.gpu/m}"/* > /tmp/all.bin
-  head -c "$(cat .gpu/draft-bytes)" /tmp/all.bin > /tmp/mod/draft.gguf
-  tail -c +$(( $(cat .gpu/draft-bytes) + 1 )) /tmp/all.bin > /tmp/mod/target.gguf && rm /tmp/all.bin
-  sha256sum /tmp/mod/*.gguf
-fi
+tail -n 4 /tmp/build.log
 source dev/gpu-env.sh
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
 python3 -m pytest -q -rs -p no:cacheprovider tests/engine/test_multicol.py \
   > "$OUT/kernel-tests.txt" 2>&1 || true
 tail -n 5 "$OUT/kernel-tests.txt"
 sizes=${SIZES:-1,2,3,4,5,6,7,8,9,10,12,16}
-# VARIANTS: "name:VAR=VALUE,VAR=VALUE;name2:..." (the llama.cpp switches of packaging/patches); stock first
 variants=${VARIANTS:-stock:}
 IFS=';' read -r -a list <<< "$variants"
 for item in "${list[@]}"; do
