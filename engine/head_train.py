@@ -4,10 +4,13 @@
    hands back, per token, its final hidden state. The labels are the target's own next-token
    choices (greedy, its output matrix applied to those states on the training device): the head
    learns to predict what the target would say, not what the text says.
-2. `train`: the head is unrolled `steps` tokens from each sampled position, as it runs when it
-   drafts (from the target's state at the first, then from its own predictions), with a loss on
-   the target's choice at every step plus a small one pulling each predicted state to the
-   target's. The draft vocabulary is the `vocab_size` tokens the target chose most often.
+2. `generate_corpus`: the target's own greedy continuations of the functions in that text
+   (signature and docstring): self-distillation, the text the head will draft from.
+3. `train`: windows of the text, with every tree level the head drafts unrolled over them at once
+   (from the target's states in the first pass, then from the head's own predictions, each pass
+   seeing what a node at that depth sees), a loss on the target's choice at every level plus a
+   small one pulling each predicted state to the target's. The draft vocabulary is the
+   `vocab_size` tokens the target chose most often. Held out: whole files.
 
 Nothing leaves the machine: the text is the user's (files they name); the head is written next
 to the models. Training wants a GPU; on a CPU it runs, slowly, at a small scale (the tests).
@@ -29,6 +32,7 @@ class Corpus:
     tokens: np.ndarray     # [N] int32, the text's tokens
     hidden: np.ndarray     # [N, d] float16, the target's final hidden state after each token
     chunk: np.ndarray      # [N] int32, which chunk each token came from (states never cross)
+    source: np.ndarray     # [N] int32, which file (the held-out split is by file)
 
 
 def text_files(roots: Iterable[str | Path], suffixes: Sequence[str] = (".py", ".md", ".txt", ".rst")
@@ -43,20 +47,21 @@ def text_files(roots: Iterable[str | Path], suffixes: Sequence[str] = (".py", ".
     return out
 
 
-def collect(model, texts: Iterable[str], max_tokens: int, chunk: int = 512,
+def collect(model, texts: Iterable[tuple[int, str]], max_tokens: int, chunk: int = 512,
             progress: Callable[[str], None] = lambda s: None) -> Corpus:
-    """Run the target (a LlamaModel opened with hidden=True) over `texts`, `chunk` tokens at a
-    time from an empty cache, until `max_tokens`."""
+    """Run the target (a LlamaModel opened with hidden=True) over `texts` ((file id, text)
+    pairs), `chunk` tokens at a time from an empty cache, until `max_tokens`."""
     if not model.hidden:
         raise ValueError("collect() needs the target opened with hidden=True")
     d = model.n_embd
     tokens = np.zeros(max_tokens, np.int32)
     hidden = np.zeros((max_tokens, d), np.float16)
     chunk_of = np.zeros(max_tokens, np.int32)
+    source = np.zeros(max_tokens, np.int32)
     n = c = 0
     chunk = min(chunk, model.n_batch, model.n_ctx)
     t0 = time.time()
-    for text in texts:
+    for file_id, text in texts:
         ids = model.tokenize(text, special=False, add_bos=False)
         for a in range(0, len(ids) - 8, chunk):
             part = ids[a:a + chunk]
@@ -70,6 +75,7 @@ def collect(model, texts: Iterable[str], max_tokens: int, chunk: int = 512,
                 hidden[n + i] = model.hidden_row(i)
             tokens[n:n + m] = part
             chunk_of[n:n + m] = c
+            source[n:n + m] = file_id
             n += m
             c += 1
             if c % 50 == 0:
@@ -77,17 +83,17 @@ def collect(model, texts: Iterable[str], max_tokens: int, chunk: int = 512,
         if n >= max_tokens - 8:
             break
     model.clear()
-    return Corpus(tokens[:n], hidden[:n], chunk_of[:n])
+    return Corpus(tokens[:n], hidden[:n], chunk_of[:n], source[:n])
 
 
 _DEF = re.compile(r"^\s*(async\s+)?def \w+\(.*\).*:\s*$")
 
 
-def function_prompts(texts: Iterable[str], context_lines: int = 30) -> Iterator[str]:
+def function_prompts(texts: Iterable[tuple[int, str]], context_lines: int = 30) -> Iterator[tuple[int, str]]:
     """Completion prompts from code: a function's signature and docstring with the lines before
     it, cut where the body starts (what a code assistant is asked to write; HumanEval's shape,
-    drawn from the user's own code)."""
-    for text in texts:
+    drawn from the user's own code), with the id of the file each came from."""
+    for file_id, text in texts:
         lines = text.split("\n")
         for i, line in enumerate(lines[:-1]):
             if not _DEF.match(line):
@@ -101,10 +107,10 @@ def function_prompts(texts: Iterable[str], context_lines: int = 30) -> Iterator[
                 end = next((j for j in range(i + 2, min(len(lines), i + 40)) if quote in lines[j]), -1)
             if end < 0:
                 continue
-            yield "\n".join(lines[max(0, i - context_lines):end + 1]) + "\n"
+            yield file_id, "\n".join(lines[max(0, i - context_lines):end + 1]) + "\n"
 
 
-def generate_corpus(model, prompts: Iterable[str], max_tokens: int, gen_tokens: int = 128,
+def generate_corpus(model, prompts: Iterable[tuple[int, str]], max_tokens: int, gen_tokens: int = 128,
                     prompt_tokens: int = 384, progress: Callable[[str], None] = lambda s: None,
                     out_all: np.ndarray | None = None) -> Corpus:
     """The target's own greedy continuations of `prompts`, `model.n_seq_max` at a time in one
@@ -126,16 +132,18 @@ def generate_corpus(model, prompts: Iterable[str], max_tokens: int, gen_tokens: 
     tokens = np.zeros(max_tokens, np.int32)
     hidden = np.zeros((max_tokens, d), np.float16)
     chunk_of = np.zeros(max_tokens, np.int32)
+    source_of = np.zeros(max_tokens, np.int32)
     n = c = 0
     t0 = time.time()
     source = iter(prompts)
     state = np.zeros((width, d), np.float32)
     while n < max_tokens:
-        group = []
-        for text in source:
+        group, files = [], []
+        for file_id, text in source:
             ids = model.tokenize(text, special=False, add_bos=False)[-prompt_tokens:]
             if len(ids) >= 8:
                 group.append(ids)
+                files.append(file_id)
             if len(group) == width:
                 break
         if not group:
@@ -169,11 +177,12 @@ def generate_corpus(model, prompts: Iterable[str], max_tokens: int, gen_tokens: 
             tokens[n:n + m] = fed[r][:m]
             hidden[n:n + m] = np.stack(states[r][:m])
             chunk_of[n:n + m] = c
+            source_of[n:n + m] = files[r]
             n += m
             c += 1
         progress(f"generated {n} tokens ({n / (time.time() - t0):.0f}/s)")
     model.clear()
-    return Corpus(tokens[:n], hidden[:n], chunk_of[:n])
+    return Corpus(tokens[:n], hidden[:n], chunk_of[:n], source_of[:n])
 
 
 def join(*corpora: Corpus) -> Corpus:
@@ -183,23 +192,50 @@ def join(*corpora: Corpus) -> Corpus:
         parts.append(cp.chunk + base)
         base += int(cp.chunk.max()) + 1 if cp.chunk.size else 0
     return Corpus(np.concatenate([cp.tokens for cp in corpora]), np.concatenate([cp.hidden for cp in corpora]),
-                  np.concatenate(parts))
+                  np.concatenate(parts), np.concatenate([cp.source for cp in corpora]))
+
+
+def _pass_masks(length: int, passes: int, device) -> list:
+    """For each unrolled pass j (1-based), which keys of passes 1..j a query may see: [L, j*L].
+
+    Pass 1 is the committed context (the target's true states): causal. Pass j >= 2 at position t
+    is a tree node j-1 levels below the pair at t-j+1, so it sees pass 1 up to t-j+1 and, of pass
+    i = 2..j, only position t-j+i: its own ancestors and itself, as when drafting."""
+    import torch
+
+    t = torch.arange(length, device=device)[:, None]
+    p = torch.arange(length, device=device)[None, :]
+    masks = []
+    for j in range(1, passes + 1):
+        blocks = [p <= t - j + 1] + [p == t - j + i for i in range(2, j + 1)]
+        masks.append(torch.cat(blocks, dim=1))
+    return masks
 
 
 def train(corpus: Corpus, target_gguf: Path, out: Path, *, vocab_size: int = 32768,
-          steps: int = 3000, batch: int = 1024, unroll: int = 4, lr: float = 1e-3,
-          feature_weight: float = 0.1, device: str | None = None, seed: int = 0,
+          steps: int = 3000, batch: int = 32, length: int = 256, passes: int = 3, lr: float = 1e-3,
+          feature_weight: float = 0.1, ff: int | None = None, device: str | None = None, seed: int = 0,
           progress: Callable[[str], None] = lambda s: None, meta: dict | None = None,
-          tables: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> dict:
+          tables: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
+          checkpoint: Path | None = None, checkpoint_every: int = 500) -> dict:
     """Train a head on `corpus` and write it to `out`; what training measured (how often the
-    head's top guess is the target's choice on held-out chunks, per unrolled step). `tables`:
-    `target_tables(target_gguf, None)`, when the caller has them dequantised already."""
+    head's top guess is the target's choice on held-out files, per tree depth). `tables`:
+    `target_tables(target_gguf, None)`, when the caller has them dequantised already.
+
+    Each step takes `batch` windows of `length` pairs inside one chunk, and unrolls `passes`
+    tree levels over them at once (a pass's input state is the previous pass's prediction, its
+    attention what a node at that depth sees: `_pass_masks`): the loss is the target's choice at
+    every level, plus a small pull of each predicted state to the target's. `checkpoint`: where
+    the model and optimiser are saved every `checkpoint_every` steps and resumed from (the same
+    corpus and settings only); removed when the head is written."""
     import torch
     import torch.nn.functional as F
 
+    from localspec.models.gguf_file import fingerprint
     from localspec.models.head_file import save_head
 
-    from .drafters.head import HeadNet, target_tables
+    from .drafters.head import target_info, target_tables
+    from .drafters.head_net import HeadNet, HeadShape, attend
 
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     gen = torch.Generator().manual_seed(seed)
@@ -222,68 +258,136 @@ def train(corpus: Corpus, target_gguf: Path, out: Path, *, vocab_size: int = 327
     del out_all
     sub = np.full(full_vocab, -100, np.int64)                  # target id -> draft index (or ignore)
     sub[vocab] = np.arange(k)
-    # starts s: state h[s-1], then tokens s..s+unroll-1, all inside one chunk
+    # windows: pairs s..s+L-1 need states and tokens s..s+L; a window runs past its chunk's end,
+    # where its pairs are masked (never seen, never scored), so it may start anywhere with two
+    # pairs left in the chunk (`length`: at most the longest chunk's)
+    starts_all = np.flatnonzero(np.r_[True, corpus.chunk[1:] != corpus.chunk[:-1]])
+    ends_all = np.r_[starts_all[1:], n]
+    length = int(max(2, min(length, (ends_all - starts_all).max() - 1)))
     ok = np.zeros(n, bool)
-    if n > unroll:
-        ok[1:n - unroll + 1] = corpus.chunk[:n - unroll] == corpus.chunk[unroll:]
-    starts = np.flatnonzero(ok)
-    if starts.size < 16:
-        raise ValueError(f"too little text to train on: {n} tokens")
-    # held out: whole chunks (every 50th), so the accuracy it reports is on text never trained on
-    chunks = np.unique(corpus.chunk)
-    out_chunks = chunks[torch.randperm(chunks.size, generator=gen).numpy()[:max(1, chunks.size // 50)]]
-    is_held = np.isin(corpus.chunk[starts], out_chunks)
-    held, starts = starts[is_held], starts[~is_held]
-    if held.size < 8 or starts.size < 16:
-        raise ValueError(f"too little text to train on and check: {n} tokens in {chunks.size} chunks")
+    for a, b in zip(starts_all, ends_all):
+        ok[a:b - 2] = True
+    # held out: whole files (every 20th, at least one), so the accuracy it reports is on text the
+    # head never saw, not on positions interleaved with training ones; from one file, its last
+    # chunks (one in 20, at least one)
+    group = corpus.source if np.unique(corpus.source).size > 1 else corpus.chunk
+    groups = np.unique(group)
+    if groups.size > 1 and group is corpus.chunk:
+        held_groups = groups[-max(1, groups.size // 20):]
+    else:
+        held_groups = groups[torch.randperm(groups.size, generator=gen).numpy()[:max(1, groups.size // 20)]]
+    is_held = np.isin(group, held_groups)
+    train_starts, held_starts = np.flatnonzero(ok & ~is_held), np.flatnonzero(ok & is_held)
+    if train_starts.size < 16 or held_starts.size < 4:
+        raise ValueError(f"too little text to train on and check: {n} tokens in {groups.size} "
+                         f"{'files' if group is corpus.source else 'chunks of one file'}")
 
     X = torch.from_numpy(corpus.tokens.astype(np.int64)).to(dev)             # [N]
-    Y = torch.from_numpy(sub[label]).to(dev)                          # [N] draft index
+    C = torch.from_numpy(corpus.chunk.astype(np.int64)).to(dev)              # [N]
+    Y = torch.from_numpy(sub[label]).to(dev)                                 # [N] draft index
     E = torch.from_numpy(emb).to(dev, dtype)                                 # [V, d]
     out_w = torch.from_numpy(out_rows).to(dev, dtype)                        # [V_sub, d]
-    net = HeadNet(d).to(dev)
+    shape = HeadShape.for_target(d, ff)
+    net = HeadNet(shape).to(dev)
     with torch.no_grad():
         net.norm.copy_(torch.from_numpy(norm))
     opt = torch.optim.AdamW(net.parameters(), lr=lr, weight_decay=0.0, betas=(0.9, 0.95))
     warm = max(1, steps // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda i: min(1.0, (i + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(1.0, i / steps))))
-    starts_t = torch.from_numpy(starts).to(dev)
+    masks = _pass_masks(length, passes, dev)
+    offs = torch.arange(length + 1, device=dev)
+    weights = [0.8 ** j for j in range(passes)]   # deeper levels matter less: fewer rounds reach them
 
-    def unrolled(s: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        f = H[s - 1].to(dtype)
-        states, logits = [], []
-        for j in range(unroll):
+    def unrolled(s: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
+        """Per pass, logits [B, L, V_sub]; the windows' labels [B, L] and chunk ids [B, L+1]."""
+        at = (s[:, None] + offs).clamp(max=n - 1)                            # [B, L+1]
+        seg = C[at]
+        same = seg[:, :, None] == seg[:, None, :length]                      # [B, L+1, L]
+        pos = offs[:length].expand(len(s), -1)
+        e = E[X[at[:, 1:]]]                                                  # [B, L, d] token after
+        f = H[at[:, :-1]].to(dtype)                                          # [B, L, d] true states
+        keys, vals, logits, states = [], [], [], []
+        for j in range(passes):
             with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
-                f = net(f, E[X[s + j]])
-                states.append(f)
-                logits.append((f.to(dtype) @ out_w.T).float())
-        return states, logits
+                u = net.inputs(f, e)
+                q, kk, vv = net.qkv(u, pos)
+                keys.append(kk)
+                vals.append(vv)
+                # a key of another chunk is never seen (padded windows), on top of the tree mask
+                seen = masks[j][None] & same[:, :length].repeat(1, 1, j + 1)
+                nxt = net.finish(u, attend(q, torch.cat(keys, 1), torch.cat(vals, 1), seen))
+                logits.append((nxt.to(dtype) @ out_w.T).float())
+            f = torch.cat([f[:, :1], nxt[:, :-1].to(dtype)], dim=1)          # pass j+1 at t: from t-1
+            states.append(nxt)
+        return logits, states, at, seg
 
+    def losses(s: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        logits, states, at, seg = unrolled(s)
+        total, hits = 0.0, []
+        t = offs[:length]
+        for j in range(passes):
+            # pass j (0-based) at t predicts the target's choice after token t+1, from the chain
+            # started at t-j: all of it in the window's chunk
+            valid = (seg[:, 1:] == seg[:, :1]) & (t >= j)[None]
+            y = torch.where(valid, Y[at[:, 1:]], -100)
+            total = total + weights[j] * F.cross_entropy(logits[j].flatten(0, 1), y.flatten(), ignore_index=-100)
+            diff = F.smooth_l1_loss(states[j].float(), H[at[:, 1:]].float(), reduction="none").mean(-1)
+            total = total + weights[j] * feature_weight * (diff * valid).sum() / valid.sum().clamp(min=1)
+            hits.append(((logits[j].argmax(-1) == y) & (y >= 0)).sum() / (y >= 0).sum().clamp(min=1))
+        return total, hits
+
+    def held_out() -> list[float]:
+        net.eval()
+        with torch.no_grad():
+            pick = torch.from_numpy(held_starts[np.linspace(0, held_starts.size - 1, min(256, held_starts.size))
+                                                .astype(np.int64)]).to(dev)
+            _, hits = losses(pick)
+        net.train()
+        return [round(float(h), 4) for h in hits]
+
+    target_id = fingerprint(target_info(target_gguf))
+    settings = {"tokens": int(n), "steps": steps, "batch": batch, "length": length, "passes": passes,
+                "draft_vocab": k, "shape": shape.to_json(), "seed": seed, "target_id": target_id}
+    first = 0
+    if checkpoint is not None and checkpoint.exists():
+        saved = torch.load(checkpoint, map_location=dev, weights_only=False)
+        if saved.get("settings") == settings:
+            net.load_state_dict(saved["net"])
+            opt.load_state_dict(saved["opt"])
+            sched.load_state_dict(saved["sched"])
+            first = int(saved["step"])
+            progress(f"resumed at step {first} from {checkpoint}")
+        else:
+            progress(f"{checkpoint} was made with other settings or text: starting over")
+    train_t = torch.from_numpy(train_starts).to(dev)
     t0 = time.time()
-    for step in range(steps):
-        s = starts_t[torch.randint(0, starts_t.numel(), (batch,), device=dev)]
-        states, logits = unrolled(s)
-        loss = 0.0
-        for j in range(unroll):
-            y = Y[s + j]
-            loss = loss + F.cross_entropy(logits[j], y, ignore_index=-100)
-            loss = loss + feature_weight * F.smooth_l1_loss(states[j].float(), H[s + j].float())
+    acc: list[float] = []
+    for step in range(first, steps):
+        s = train_t[torch.randint(0, train_t.numel(), (batch,), device=dev)]
+        loss, _ = losses(s)
         opt.zero_grad(set_to_none=True)
-        (loss / unroll).backward()
+        loss.backward()
         torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
         opt.step()
         sched.step()
-        if step % 200 == 0 or step == steps - 1:
-            progress(f"step {step}/{steps} loss {float(loss.detach()) / unroll:.3f} ({time.time() - t0:.0f} s)")
-    net.eval()
-    with torch.no_grad():
-        s = torch.from_numpy(held).to(dev)
-        _, logits = unrolled(s)
-        acc = []
-        for j in range(unroll):   # the target's choice is the head's top guess
-            acc.append(round(float((logits[j].argmax(-1) == Y[s + j]).float().mean()), 4))
+        done = step + 1
+        if done % checkpoint_every == 0 or done == steps:
+            acc = held_out()
+            rate = (done - first) / max(time.time() - t0, 1e-9)
+            progress(f"step {done}/{steps} loss {float(loss.detach()):.3f} held-out top-1 by depth "
+                     f"{acc} ({rate:.1f} steps/s, {(steps - done) / rate:.0f} s left)")
+            if checkpoint is not None and done < steps:
+                tmp = checkpoint.with_name(checkpoint.name + ".tmp")
+                torch.save({"settings": settings, "net": net.state_dict(), "opt": opt.state_dict(),
+                            "sched": sched.state_dict(), "step": done}, tmp)
+                tmp.replace(checkpoint)
+    if not acc:
+        acc = held_out()
     info = {"n_embd": d, "vocab_size": full_vocab, "draft_vocab": k, "tokens": int(n),
-            "steps": steps, "unroll": unroll, "held_out_top1": acc, **(meta or {})}
+            "steps": steps, "passes": passes, "shape": shape.to_json(), "target_id": target_id,
+            "held_out": f"{held_groups.size} of {groups.size} {'files' if group is corpus.source else 'chunks'}", "held_out_top1": acc, **(meta or {})}
     save_head(Path(out), net.arrays(), vocab, info)
+    if checkpoint is not None:
+        checkpoint.unlink(missing_ok=True)
     return info

@@ -345,23 +345,26 @@ class LlamaModel:
             raise RuntimeError(f"no hidden state for batch row {i} ({last_log()})")
         return np.ctypeslib.as_array(ptr, shape=(self.n_embd,))
 
-    def prefill(self, tokens: Sequence[int], start: int, seq: int = 0) -> None:
+    def prefill(self, tokens: Sequence[int], start: int, seq: int = 0, hidden_tail: int = 1) -> None:
         """Decode tokens at positions start.. in sequence `seq`, in n_batch chunks; last row kept.
-        With hidden states, all but the last token go without them: llama.cpp would otherwise
-        output (and copy out) every row's logits, the whole prompt's."""
-        if self.hidden and len(tokens) > 1:
+        With hidden states, all but the last `hidden_tail` tokens go without them (llama.cpp would
+        otherwise output, and copy out, every row's logits, the whole prompt's); the tail is the
+        last decode, its rows 0..hidden_tail-1 (hidden_row), all with logits."""
+        tail = max(1, min(hidden_tail, self.n_batch))
+        if self.hidden and len(tokens) > tail:
             lc.llama_set_embeddings(self._ctx, False)
             self.hidden = False
             try:
-                self.prefill(tokens[:-1], start, seq)
+                self.prefill(tokens[:-tail], start, seq)
             finally:
                 lc.llama_set_embeddings(self._ctx, True)
                 self.hidden = True
-            start, tokens = start + len(tokens) - 1, tokens[-1:]
+            start, tokens = start + len(tokens) - tail, tokens[-tail:]
         for lo in range(0, len(tokens), self.n_batch):
             chunk = tokens[lo:lo + self.n_batch]
             pos = np.arange(start + lo, start + lo + len(chunk), dtype=np.int32)
-            self.decode(chunk, pos, [(seq,)] * len(chunk) if seq else None, logits=False)
+            self.decode(chunk, pos, [(seq,)] * len(chunk) if seq else None,
+                        logits=True if self.hidden and len(chunk) > 1 else False)
 
     # ---- memory (KV cache) sequence operations ----------------------------------------------
     def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> None:

@@ -28,8 +28,12 @@ from .tree import DraftTree, TreeLayout
 
 
 class Target:
-    def __init__(self, model: LlamaModel) -> None:
+    def __init__(self, model: LlamaModel, hidden_tail: int = 1) -> None:
+        """hidden_tail: with hidden states, how many of a prefill's last tokens hand theirs back
+        (`new_hidden`): a draft head's context (each costs an output row of logits)."""
         self.model = model
+        self.hidden_tail = max(1, hidden_tail)
+        self._new: tuple[int, np.ndarray] | None = None   # (position, batch rows): new_hidden's
         self.n_past = 0                      # committed tokens in the cache (sequence 0)
         self._layout: TreeLayout | None = None
         self._alone = False                  # the last verify decoded its root alone, unpadded
@@ -63,6 +67,7 @@ class Target:
         self.n_past = 0
         self._layout = None
         self._hidden_at = -1
+        self._new = None
         self._pending = []
         self.redecoded = 0
 
@@ -78,9 +83,11 @@ class Target:
         self.redecoded += len(self._pending)
         self._pending = []
         if tokens:
-            self.model.prefill(tokens, self.n_past)
+            tail = min(self.hidden_tail, len(tokens), self.model.n_batch) if self.model.hidden else 1
+            self.model.prefill(tokens, self.n_past, hidden_tail=tail)
             self.n_past += len(tokens)
-            self._hidden_at = 0   # with hidden states prefill decodes its last token alone (read only then)
+            self._hidden_at = tail - 1   # with hidden states prefill decodes its tail alone, last
+            self._new = (self.n_past - tail, np.arange(tail))
 
     def last_hidden(self) -> np.ndarray | None:
         """[n_embd] the target's final hidden state at the token before the root (whose logits
@@ -89,6 +96,15 @@ class Target:
         if self._hidden_at < 0 or not self.model.hidden:
             return None
         return self.model.hidden_row(self._hidden_at)
+
+    def new_hidden(self) -> tuple[int, np.ndarray] | None:
+        """The target's final hidden states of the tokens the last prefill (its tail) or commit
+        (the root and accepted path) put in the cache: (position of the first, [r, n_embd] copy).
+        None without hidden states. Read it before the next verify."""
+        if self._new is None or not self.model.hidden:
+            return None
+        start, rows = self._new
+        return start, np.stack([self.model.hidden_row(int(i)) for i in rows])
 
     def verify(self, tree: DraftTree, pad_to: int = 0, top_up: bool = True) -> np.ndarray:
         """Decode every tree node in one batch; returns [tree.n, vocab] logits (zero-copy view).
@@ -139,6 +155,7 @@ class Target:
         last = path[-1] if path else 0
         k = self._row0                  # pending tokens decoded ahead of the tree
         self._hidden_at = k + last      # tree node i is batch row k + i
+        self._new = (self.n_past + k, k + np.asarray([0, *path]))
         self._layout = None
         if self._alone:   # a root decoded alone in sequence 0, unpadded: nothing to roll back
             self.n_past += k + 1

@@ -1,9 +1,12 @@
 """The draft head's file: a .npz of its weights, its draft vocabulary and a JSON meta.
 
-Arrays: w_in [d, 2d], w1 [ff, d], w2 [d, ff], norm [d] (float16), vocab [V_sub] (target token ids,
-ascending, int32). meta: format, n_embd, the target's vocabulary size and file name, what it was
-trained on and how well it guessed (engine/drafters/head.py runs it, engine/head_train.py writes
-it). Reading needs numpy only, so `localspec head info` does not load torch.
+Arrays (float16 unless said): w_in [d, 2d]; the decoder layer's attn_norm [d], wq [H*hd, d],
+wk and wv [KVH*hd, d], wo [d, H*hd], mlp_norm [d], w_gate and w_up [ff, d], w_down [d, ff];
+norm [d]; vocab [V_sub] (target token ids, ascending, int32). meta: format, n_embd, the layer's
+shape ("shape": heads, kv_heads, head_dim, ff), the target's vocabulary size, file name and
+fingerprint ("target_id"), what it was trained on and how well it guessed
+(engine/drafters/head.py runs it, engine/head_train.py writes it). Reading needs numpy only, so
+`localspec head info` and `localspec list` do not load torch.
 """
 from __future__ import annotations
 
@@ -15,8 +18,8 @@ import numpy as np
 
 from localspec.models.errors import LocalspecError
 
-FORMAT = "localspec-head-1"
-ARRAYS = ("w_in", "w1", "w2", "norm")
+FORMAT = "localspec-head-2"   # 2: one attention layer over the head's own past (1: no attention)
+ARRAYS = ("w_in", "attn_norm", "wq", "wk", "wv", "wo", "mlp_norm", "w_gate", "w_up", "w_down", "norm")
 
 
 def save_head(path: Path, arrays: dict[str, np.ndarray], vocab: np.ndarray, meta: dict) -> None:
@@ -35,17 +38,23 @@ def bad_head(path: Path, why: str) -> LocalspecError:
                           "(or pass the head file made for this target)")
 
 
-def read_head(path: Path) -> tuple[dict, dict[str, np.ndarray]]:
+def read_meta(path: Path) -> dict:
+    """A head file's meta alone (what `localspec list` and `head info` show)."""
+    return read_head(path, arrays=False)[0]
+
+
+def read_head(path: Path, arrays: bool = True) -> tuple[dict, dict[str, np.ndarray]]:
     """A head file's meta (checked to be this format) and arrays; a clear error for anything else."""
     try:
         with np.load(path, allow_pickle=False) as z:
             meta = json.loads(str(z["meta"]))
-            arrays = {k: z[k] for k in (*ARRAYS, "vocab")}
-        if not isinstance(meta, dict):
-            raise ValueError("its meta is not a JSON object")
+            if not isinstance(meta, dict):
+                raise ValueError("its meta is not a JSON object")
+            if meta.get("format") != FORMAT:
+                raise bad_head(path, f"format {meta.get('format')!r}, expected {FORMAT!r} "
+                                     "(heads made before the attention head must be trained again)")
+            out = {k: z[k] for k in (*ARRAYS, "vocab")} if arrays else {}
     except (OSError, ValueError, KeyError, IndexError, TypeError, AttributeError, zipfile.BadZipFile,
             EOFError) as err:   # .npy: np.load gives an array, which has no ["meta"]
         raise bad_head(path, f"cannot read it ({type(err).__name__}: {err})") from err
-    if meta.get("format") != FORMAT:
-        raise bad_head(path, f"format {meta.get('format')!r}, expected {FORMAT!r}")
-    return meta, arrays
+    return meta, out

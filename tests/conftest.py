@@ -78,9 +78,9 @@ def tiny_head(tiny, tmp_path_factory) -> Path:
 
     model = LlamaModel(tiny.target_gguf, n_ctx=256, n_batch=256, n_seq_max=1, hidden=True, n_threads=1)
     try:
-        corpus = collect(model, build_corpus(n_docs=300), 20_000, chunk=256)
+        corpus = collect(model, enumerate(build_corpus(n_docs=300)), 20_000, chunk=256)
     finally:
         model.close()
     out = tmp_path_factory.mktemp("head") / "tiny-head.npz"
-    train(corpus, tiny.target_gguf, out, steps=200, batch=256, vocab_size=400, device="cpu")
+    train(corpus, tiny.target_gguf, out, steps=200, batch=16, length=64, vocab_size=400, device="cpu")
     return out

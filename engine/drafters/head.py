@@ -1,24 +1,20 @@
-"""A draft head: a small network on the target's own hidden state, the cheapest neural drafter.
+"""A draft head: one attention layer on the target's own hidden states, the cheapest neural drafter.
 
-The target hands back, next to its logits, the final hidden state h of every row it decodes
-(`Target.last_hidden`: the state whose logits chose the root). The head predicts the next state
-from a state and the token that follows it, and reads next-token logits through the target's own
-output matrix, restricted to the tokens it was trained to draft (EAGLE's idea, without attention):
+The target hands back, next to its logits, the final hidden state of every row it decodes
+(`Target.new_hidden`): the prompt's last tokens after prefill, the root and accepted path after
+each verify. The head (head_net.py) keeps its own KV cache of (state, next token) pairs over a
+window of the committed text, appended each round with the target's true states; a tree node's
+pair has its parent's predicted state and attends to that cache and to its own ancestors. A
+round costs one step for the new pairs (its last row is the root's: the first tree level) and
+one step per further tree level; every step is one batch of rows: five d x d-sized matmuls, one
+attention over the window and one [V_sub, d] product with the target's output rows of the draft
+vocabulary (tokens outside it are never drafted). Trees grow through `grow` like the other
+neural drafters'.
 
-    u = W_in [rms(f); rms(e(x))]        f: the state before token x, e: the target's embedding
-    f' = g * rms(u + W2 silu(W1 u))     the predicted state after x (trained to match h there)
-    logits = O_sub f'                   O_sub: the target's output rows of the draft vocabulary
-
-The root is drafted from (h, root); a deeper node from its parent's predicted state and its own
-token, so a tree layer is one batched step: three d x d matmuls and one [V_sub, d] product, where
-the target runs its whole model. Trees grow through `grow` like the other neural drafters'.
-
-Weights are a .npz (models/head_file.py) written by `localspec.models.head_train`. The frozen tables (the draft vocabulary's embedding and output
-rows) are read from the target's GGUF at load; other tokens' embedding rows when first met.
-
-A step costs a fraction of a target step on a GPU, but the heads trained so far guess the
-target's token too rarely to pay for the rows they add to a verify: it is experimental (`--head`;
-docs/decisions/0011).
+Weights are a .npz (models/head_file.py) written by engine/head_train.py for one target, whose
+fingerprint it records: a head made for another target is refused. The frozen tables (the draft
+vocabulary's embedding and output rows) are read from the target's GGUF at load; other tokens'
+embedding rows when first met.
 """
 from __future__ import annotations
 
@@ -30,51 +26,27 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
-from localspec.models.gguf_file import GGUFInfo, read_gguf, tensor_rows
-from localspec.models.head_file import ARRAYS, bad_head, read_head
+from localspec.models.gguf_file import GGUFInfo, fingerprint, read_gguf, tensor_rows
+from localspec.models.head_file import bad_head, read_head
 
 from ..config import DraftLimits, SamplingParams
 from ..distribution import Dist
 from ..errors import LocalspecError
 from ..tree import DraftTree
 from .grow import GrowLimits, grow
+from .head_net import HeadNet, HeadShape, attend
 from .torch_draft import greedy_rows, process_rows
 
 if TYPE_CHECKING:
     from ..calibrate import Costs
 
-_BUCKETS = (1, 2, 4, 8, 16, 32)   # rows a GPU step is padded to (one CUDA graph each)
+_BUCKETS = (1, 2, 4, 8, 16, 32)   # rows a step is padded to on a GPU (one CUDA graph each)
 _EXTRA = 4096                     # embedding rows for tokens outside the draft vocabulary
-_EPS = 1e-6
+# The head's cache: the last WINDOW pairs of the committed text (a ring; older ones drop out) and
+# TREE rows for the nodes of a round's tree, the last a scratch row for padding.
+WINDOW, TREE = 1024, 128
 _EMB, _OUT, _NORM = "token_embd.weight", "output.weight", "output_norm.weight"
-
-
-def rms(x: torch.Tensor) -> torch.Tensor:
-    return x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + _EPS).to(x.dtype)
-
-
-class HeadNet(torch.nn.Module):
-    """The trainable part: (state, token embedding) -> the next state."""
-
-    def __init__(self, d: int, ff: int | None = None) -> None:
-        super().__init__()
-        ff = ff or 2 * d
-        self.w_in = torch.nn.Linear(2 * d, d, bias=False)
-        self.w1 = torch.nn.Linear(d, ff, bias=False)
-        self.w2 = torch.nn.Linear(ff, d, bias=False)
-        self.norm = torch.nn.Parameter(torch.ones(d))
-        torch.nn.init.normal_(self.w2.weight, std=0.02 / d ** 0.5)
-
-    def forward(self, f: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
-        u = self.w_in(torch.cat([rms(f), rms(e)], dim=-1))
-        return rms(u + self.w2(F.silu(self.w1(u)))) * self.norm
-
-    def arrays(self) -> dict[str, np.ndarray]:
-        """The weights as the head file keeps them (models/head_file.py), float16."""
-        params = {"w_in": self.w_in.weight, "w1": self.w1.weight, "w2": self.w2.weight, "norm": self.norm}
-        return {k: params[k].detach().float().cpu().numpy().astype(np.float16) for k in ARRAYS}
 
 
 def target_info(path: str | Path) -> GGUFInfo:
@@ -106,28 +78,28 @@ def target_tables(target: str | Path | GGUFInfo, vocab: np.ndarray | None, emb_r
 
 
 class DraftHead:
-    """A trained head with the target's frozen tables, on one device, ready to step."""
+    """A trained head with the target's frozen tables and its cache, on one device, ready to step."""
 
     def __init__(self, path: str | Path, target_gguf: str | Path, *, n_embd: int, vocab_size: int,
                  device: str | None = None) -> None:
         path = Path(path).expanduser()
         meta, arrays = read_head(path)
+        self._gguf = target_info(target_gguf)
+        made_for = f"{meta.get('target')} ({meta.get('n_embd')} wide, {meta.get('vocab_size')} tokens)"
         if meta.get("n_embd") != n_embd or meta.get("vocab_size") != vocab_size:
-            raise bad_head(path, f"made for a target with hidden size {meta.get('n_embd')} and "
-                                  f"{meta.get('vocab_size')} tokens ({meta.get('target')}); this "
-                                  f"target has {n_embd} and {vocab_size}")
+            raise bad_head(path, f"made for {made_for}; this target has hidden size {n_embd} and "
+                                 f"{vocab_size} tokens")
+        if meta.get("target_id") != fingerprint(self._gguf):
+            raise bad_head(path, f"made for another target, {made_for}, not '{self._gguf.path.name}'")
         self.path, self.meta = path, meta
         dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.device = dev
         self.dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
         self.vocab = arrays["vocab"].astype(np.int64)                          # [V_sub]
-        self._gguf = target_info(target_gguf)
         emb, out, _ = target_tables(self._gguf, self.vocab, emb_rows=self.vocab)   # [V_sub, d] each
-        self.net = HeadNet(n_embd, arrays["w1"].shape[0])
-        with torch.no_grad():
-            for name in ("w_in", "w1", "w2"):
-                getattr(self.net, name).weight.copy_(torch.from_numpy(arrays[name].astype(np.float32)))
-            self.net.norm.copy_(torch.from_numpy(arrays["norm"].astype(np.float32)))
+        self.shape = shape = HeadShape.from_json(meta["shape"])
+        self.net = HeadNet(shape)
+        self.net.load_arrays(arrays)
         self.net.to(dev, self.dtype).eval()
         # Embedding rows: the draft vocabulary's, then _EXTRA slots filled on demand with other
         # tokens' (a root or a cheaper stage's node may be any token), dequantised from the file.
@@ -139,14 +111,24 @@ class DraftHead:
         self._extra: list[int] = []                                            # tokens in extra rows
         self.out = torch.from_numpy(out).to(dev, self.dtype)                   # [V_sub, d]
         self.vocab_size = vocab_size
-        # On a GPU a step is ~20 small kernels: replayed as one CUDA graph per row bucket
+        rows = WINDOW + TREE
+        self.k = torch.zeros(1, rows, shape.kv_heads, shape.head_dim, device=dev, dtype=self.dtype)
+        self.v = torch.zeros_like(self.k)
+        # On a GPU a step is ~40 small kernels: replayed as one CUDA graph per row bucket
         self._graphs: dict[int, tuple] = {}
+        self._host: dict[int, tuple] = {}          # a bucket's host inputs, filled in place
+        self._pad = self._padded(_BUCKETS[-1])     # padding rows' inputs
         self.graphs = dev.type == "cuda"
 
     @torch.inference_mode()
-    def _run(self, f: torch.Tensor, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        nxt = self.net(f, self.emb[slots])
-        return nxt, (nxt @ self.out.T).float()
+    def _run(self, f, ids, pos, slots, mask) -> tuple[torch.Tensor, torch.Tensor]:
+        net = self.net
+        u = net.inputs(f, self.emb[ids])                                       # [n, d]
+        q, k, v = net.qkv(u[None], pos[None])                                  # [1, n, ., hd]
+        self.k[0].index_copy_(0, slots, k[0])
+        self.v[0].index_copy_(0, slots, v[0])
+        state = net.finish(u, attend(q, self.k, self.v, mask[None])[0])
+        return state, (state @ self.out.T).float()
 
     def _slots(self, tokens: Sequence[int]) -> np.ndarray:
         """Embedding rows of `tokens`, bringing in the rows of tokens outside the draft vocabulary."""
@@ -169,39 +151,62 @@ class DraftHead:
         return slots
 
     @torch.inference_mode()
-    def step(self, f: torch.Tensor, tokens: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """f [n, d] states before `tokens` [n]: (states after them [n, d], logits [n, V_sub] f32).
-        On a GPU both are views of a graph's buffers, valid until the next step of that size."""
+    def step(self, f: torch.Tensor, tokens: Sequence[int], pos: np.ndarray, slots: np.ndarray,
+             mask: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """One batch of pairs: f [n, d] states before `tokens` [n] at positions `pos` [n]; their
+        keys go to cache rows `slots` [n]; row i attends to the cache rows `mask[i]` [n, rows]
+        marks (its own included). (states after the tokens [n, d], logits [n, V_sub] f32); on a
+        GPU both are views of a graph's buffers, valid until the next step of that size."""
         n = len(tokens)
         ids = torch.from_numpy(self._slots(tokens))
         if not self.graphs or n > _BUCKETS[-1]:
-            return self._run(f, ids.to(self.device))
+            dev = self.device
+            return self._run(f, ids.to(dev), torch.from_numpy(np.asarray(pos, np.int64)).to(dev),
+                             torch.from_numpy(np.asarray(slots, np.int64)).to(dev),
+                             torch.from_numpy(mask).to(dev))
         rows = next(b for b in _BUCKETS if b >= n)
         g = self._graphs.get(rows) or self._capture(rows)
-        graph, f_in, ids_in, state, logits = g
+        graph, (f_in, ids_in, pos_in, slots_in, mask_in), state, logits = g
+        # every row's inputs, the padding rows' too: stale slots from a bigger step would write there
+        host_pos, host_slots, host_mask = self._host[rows]
+        host_pos[:n], host_slots[:n], host_mask[:n] = pos, slots, mask
+        host_pos[n:], host_slots[n:], host_mask[n:] = self._pad[0][n:rows], self._pad[1][n:rows], self._pad[2][n:rows]
         f_in[:n].copy_(f)
-        ids_in[:n].copy_(ids, non_blocking=True)
+        ids_in[:n].copy_(ids)
+        pos_in.copy_(torch.from_numpy(host_pos))
+        slots_in.copy_(torch.from_numpy(host_slots))
+        mask_in.copy_(torch.from_numpy(host_mask))
         graph.replay()
         return state[:n], logits[:n]
 
+    def _padded(self, rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Host inputs of `rows` padding rows: each writes its key to the scratch row and sees it alone."""
+        total = WINDOW + TREE
+        mask = np.zeros((rows, total), bool)
+        mask[:, total - 1] = True
+        return np.zeros(rows, np.int64), np.full(rows, total - 1, np.int64), mask
+
     def _capture(self, rows: int) -> tuple:
-        d = self.out.shape[1]
-        f_in = torch.zeros(rows, d, device=self.device, dtype=self.dtype)
-        ids_in = torch.zeros(rows, dtype=torch.int64, device=self.device)
+        dev = self.device
+        pos, slots, mask = (torch.from_numpy(a).to(dev) for a in self._padded(rows))
+        ins = (torch.zeros(rows, self.out.shape[1], device=dev, dtype=self.dtype),
+               torch.zeros(rows, dtype=torch.int64, device=dev), pos, slots, mask)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):
-                self._run(f_in, ids_in)          # warm-up outside the graph (allocations, kernels)
+                self._run(*ins)           # warm-up outside the graph (allocations, kernels)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            state, logits = self._run(f_in, ids_in)
-        self._graphs[rows] = (graph, f_in, ids_in, state, logits)
+            state, logits = self._run(*ins)
+        self._graphs[rows] = (graph, ins, state, logits)
+        self._host[rows] = self._padded(rows)
         return self._graphs[rows]
 
     def measure(self, sizes: Sequence[int] = (1, 2, 4, 8), reps: int = 5) -> dict[int, float]:
-        """Seconds per step of n rows (the adaptive budget's draft curve), fastest of `reps`."""
+        """Seconds per tree step of n rows against a full window (the adaptive budget's draft
+        curve), fastest of `reps`; the mask built as a round builds it."""
         sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
         best = {n: float("inf") for n in sizes}
         for rep in range(reps + 1):
@@ -209,7 +214,11 @@ class DraftHead:
                 f = torch.ones(n, self.out.shape[1], device=self.device, dtype=self.dtype)
                 sync()
                 t = time.perf_counter()
-                _, logits = self.step(f, [(1000 + 7 * i) % self.vocab_size for i in range(n)])
+                mask = np.zeros((n, WINDOW + TREE), bool)
+                mask[:, :WINDOW] = True
+                mask[np.arange(n), WINDOW + np.arange(n)] = True
+                _, logits = self.step(f, [(1000 + 7 * i) % self.vocab_size for i in range(n)],
+                                      np.arange(n) + WINDOW, WINDOW + np.arange(n), mask)
                 greedy_rows(logits, 2)
                 sync()
                 if rep:
@@ -227,10 +236,12 @@ def head_costs(costs: Costs, head: DraftHead) -> Costs:
 
 
 class HeadDrafter:
-    """A `Drafter` (and `grow`'s `TreeEvaluator`) on a `DraftHead` and the target's hidden state.
+    """A `Drafter` (and `grow`'s `TreeEvaluator`) on a `DraftHead` and the target's hidden states.
 
-    `source` is the Target: its `last_hidden()` is read when a round starts, before the target
-    decodes again. Without one (a one-token prompt) the head sits the round out."""
+    `source` is the Target: its `new_hidden()` (the states of the tokens its last prefill or
+    commit put in the cache) is read when a generation begins and after each commit, and queued
+    as pairs; a round's first step adds them to the head's cache, the last being the root's pair.
+    Without the root's pair (a one-token prompt) the head sits the round out."""
 
     name = "head"
     uses_model = True
@@ -240,16 +251,41 @@ class HeadDrafter:
         self.vocab_size = head.vocab_size
         self._state: dict[int, torch.Tensor] = {}   # tree node -> its predicted state, this round
         self._sampling = SamplingParams()
-        self._hidden: np.ndarray | None = None
+        self._slot_pos = np.full(WINDOW, -1, np.int64)   # ring row -> the position of its pair
+        self._feats: list[np.ndarray] = []              # queued pairs: states [d] ...
+        self._toks: list[int] = []                      # ... the token after each ...
+        self._pos: list[int] = []                       # ... and the state's position
+        self._root_pos = -1
+        self._anc = np.zeros((TREE, TREE), bool)        # node -> its tree ancestors and itself
 
     def begin(self, context: Sequence[int]) -> None:
+        self._slot_pos[:] = -1
+        self._feats, self._toks, self._pos = [], [], []
         self._state.clear()
+        self._queue(context)
 
     def accept(self, tokens: Sequence[int]) -> None:
-        pass   # the state comes from the target each round
+        """`tokens`: the accepted path and the next root; the target holds the states of the old
+        root and the path."""
+        self._queue(tokens)
+
+    def _queue(self, after: Sequence[int]) -> None:
+        got = self.source.new_hidden()
+        if got is None:
+            return
+        start, states = got   # states [r, d] at positions start..; the token after each is in `after`
+        r = len(states)
+        follow = list(after)[-r:] if len(after) >= r else None
+        if follow is None or len(follow) < r:
+            return
+        self._feats += list(states)
+        self._toks += [int(t) for t in follow]
+        self._pos += range(start, start + r)
+        if len(self._pos) > WINDOW:   # the ring keeps no more
+            del self._feats[:-WINDOW], self._toks[:-WINDOW], self._pos[:-WINDOW]
 
     def catch_up(self) -> None:
-        pass   # the state comes from the target each round
+        pass   # the queued pairs go in with the root's step
 
     def cost_curve(self, costs: Costs) -> Costs:
         return head_costs(costs, self.head)
@@ -259,9 +295,9 @@ class HeadDrafter:
 
     def propose(self, tree: DraftTree, stage: int, budget: int, sampling: SamplingParams,
                 rng: np.random.Generator) -> None:
-        self._hidden = self.source.last_hidden()
-        if self._hidden is None or budget <= 0:
-            return
+        budget = min(budget, TREE - 1 - tree.n)   # the tree rows of the head's cache
+        if not self._toks or self._toks[-1] != int(tree.tokens[0]) or budget <= 0:
+            return   # no state before the root: the first round of a one-token prompt
         self._sampling = sampling
         try:
             grow(tree, stage, GrowLimits.of(budget, self.limits), sampling, rng, self)
@@ -271,22 +307,45 @@ class HeadDrafter:
     # -- TreeEvaluator ---------------------------------------------------------------------------
 
     def evaluate_root(self, tree: DraftTree) -> Dist:
-        h = torch.from_numpy(self._hidden).to(self.head.device, self.head.dtype)[None]   # [1, d]
-        state, logits = self.head.step(h, [int(tree.tokens[0])])
-        self._state[0] = state[0].clone()   # a graph's buffer on a GPU: the next step reuses it
-        return self._dists(logits)[0]
+        """The queued pairs into the ring (causal by position), in steps of at most 32 rows;
+        the last pair's is the root's."""
+        head = self.head
+        feats = np.stack(self._feats)
+        toks, pos = np.asarray(self._toks), np.asarray(self._pos, np.int64)
+        self._feats, self._toks, self._pos = [], [], []
+        for a in range(0, len(toks), _BUCKETS[-1]):
+            p = pos[a:a + _BUCKETS[-1]]
+            ring = p % WINDOW
+            self._slot_pos[ring] = p
+            mask = np.zeros((len(p), WINDOW + TREE), bool)
+            seen = self._slot_pos[None, :]
+            mask[:, :WINDOW] = (seen >= 0) & (seen <= p[:, None]) & (seen > p[:, None] - WINDOW)
+            f = torch.from_numpy(feats[a:a + _BUCKETS[-1]]).to(head.device, head.dtype)
+            state, logits = head.step(f, toks[a:a + _BUCKETS[-1]], p, ring, mask)
+        self._root_pos = int(pos[-1])
+        self._state[0] = state[-1].clone()   # a graph's buffer on a GPU: the next step reuses it
+        return self._dists(logits[-1:])[0]
 
     def evaluate(self, tree: DraftTree, nodes: Sequence[int]) -> list[Dist]:
         """Nodes whose parents have a state step together; a node checked along below another
         of the same call (a cheaper stage's chain) waits for its parent's step."""
         out: dict[int, Dist] = {}
         pending = list(nodes)
+        ctx = (self._slot_pos >= 0) & (self._slot_pos <= self._root_pos)
         while pending:
             ready = [n for n in pending if int(tree.parent[n]) in self._state]
             if not ready:
                 raise ValueError("evaluate() got nodes whose parents were never evaluated")
-            parents = torch.stack([self._state[int(tree.parent[n])] for n in ready])   # [r, d]
-            states, logits = self.head.step(parents, [int(tree.tokens[n]) for n in ready])
+            idx = np.asarray(ready, np.int64)
+            par = tree.parent[idx].astype(np.int64)
+            self._anc[idx] = self._anc[par]   # row 0 stays empty: the root's pair is in the ring
+            self._anc[idx, idx] = True
+            mask = np.zeros((len(ready), WINDOW + TREE), bool)
+            mask[:, :WINDOW] = ctx
+            mask[:, WINDOW:] = self._anc[idx]
+            parents = torch.stack([self._state[int(p)] for p in par])                    # [r, d]
+            states, logits = self.head.step(parents, [int(tree.tokens[n]) for n in ready],
+                                            self._root_pos + tree.depth[idx].astype(np.int64), WINDOW + idx, mask)
             states = states.clone()
             for i, (n, dist) in enumerate(zip(ready, self._dists(logits))):
                 self._state[n] = states[i]

@@ -1,0 +1,130 @@
+"""The draft head's network: one decoder layer over the head's own past, fed by the target's state.
+
+Each input is a pair: the target's final hidden state f_t (after its output norm: what its output
+matrix reads to choose token t+1) and the embedding of the token t+1 that followed. The head
+predicts the target's next state f_{t+1} and reads it through the target's own output rows
+(EAGLE's design, one layer):
+
+    u   = W_in [rms(f_t); rms(e(x_{t+1}))]
+    a   = u + Attn(norm(u))             over the pairs before it (the head's KV cache), RoPE at t
+    m   = a + MLP(norm(a))              SiLU-gated
+    f'  = g * rms(m)                    the predicted f_{t+1}; logits = O_sub f'
+
+While drafting, a pair of the committed context has the target's true state; a tree node's pair
+has its parent's predicted one. The same functions serve training (batches of sequences) and
+drafting (rows against a cache), so both run one definition of the layer.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from localspec.models.head_file import ARRAYS
+
+_EPS = 1e-6
+# grouped KV heads without copying them: torch 2.5's scaled_dot_product_attention(enable_gqa=)
+_GQA = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 5)
+
+
+def rms(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + _EPS).to(x.dtype)
+
+
+@dataclass(frozen=True)
+class HeadShape:
+    d: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ff: int
+    rope_base: float = 10000.0
+
+    @classmethod
+    def for_target(cls, d: int, ff: int | None = None) -> HeadShape:
+        """Heads of 128 (64, or the whole width for tiny models); a quarter as many KV heads."""
+        head_dim = next((h for h in (128, 64) if d % h == 0 and d > h), d)
+        heads = d // head_dim
+        kv = heads // 4 if heads >= 4 and heads % 4 == 0 else heads
+        return cls(d, heads, kv, head_dim, ff or 4 * d)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> HeadShape:
+        return cls(**{k: d[k] for k in ("d", "heads", "kv_heads", "head_dim", "ff", "rope_base")})
+
+
+def rope(x: torch.Tensor, pos: torch.Tensor, base: float) -> torch.Tensor:
+    """Rotary positions (rotate-half form): x [..., n, heads, hd], pos [..., n]."""
+    hd = x.shape[-1]
+    inv = base ** (-torch.arange(0, hd, 2, device=x.device, dtype=torch.float32) / hd)   # [hd/2]
+    ang = pos.to(torch.float32)[..., None] * inv                                    # [..., n, hd/2]
+    cos, sin = ang.cos()[..., None, :].to(x.dtype), ang.sin()[..., None, :].to(x.dtype)
+    a, b = x[..., :hd // 2], x[..., hd // 2:]
+    return torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """q [B, n, H, hd] against k, v [B, S, KVH, hd] where mask [B or 1, n, S] (True: seen);
+    [B, n, H*hd]. Every query must see at least one key (itself)."""
+    qh, kh, vh = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    if _GQA:
+        out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask[:, None], enable_gqa=True)
+    else:
+        rep = q.shape[2] // k.shape[2]
+        out = F.scaled_dot_product_attention(qh, kh.repeat_interleave(rep, 1), vh.repeat_interleave(rep, 1),
+                                             attn_mask=mask[:, None])
+    return out.transpose(1, 2).flatten(2)
+
+
+class HeadNet(torch.nn.Module):
+    """The trainable part: (state, token embedding) pairs -> the next state, one attention layer."""
+
+    def __init__(self, shape: HeadShape) -> None:
+        super().__init__()
+        s = self.shape = shape
+        d, qd, kvd = s.d, s.heads * s.head_dim, s.kv_heads * s.head_dim
+        lin = lambda i, o: torch.nn.Linear(i, o, bias=False)  # noqa: E731
+        self.w_in, self.wq, self.wk, self.wv, self.wo = lin(2 * d, d), lin(d, qd), lin(d, kvd), lin(d, kvd), lin(qd, d)
+        self.w_gate, self.w_up, self.w_down = lin(d, s.ff), lin(d, s.ff), lin(s.ff, d)
+        self.attn_norm = torch.nn.Parameter(torch.ones(d))
+        self.mlp_norm = torch.nn.Parameter(torch.ones(d))
+        self.norm = torch.nn.Parameter(torch.ones(d))
+        for w in (self.wo, self.w_down):   # the layer starts near the identity on its input
+            torch.nn.init.normal_(w.weight, std=0.02 / d ** 0.5)
+
+    def inputs(self, f: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+        return self.w_in(torch.cat([rms(f), rms(e)], dim=-1))
+
+    def qkv(self, u: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """u [..., n, d], pos [..., n] -> q [..., n, H, hd], k and v [..., n, KVH, hd]."""
+        s = self.shape
+        x = rms(u) * self.attn_norm
+        q = self.wq(x).unflatten(-1, (s.heads, s.head_dim))
+        k = self.wk(x).unflatten(-1, (s.kv_heads, s.head_dim))
+        v = self.wv(x).unflatten(-1, (s.kv_heads, s.head_dim))
+        return rope(q, pos, s.rope_base), rope(k, pos, s.rope_base), v
+
+    def finish(self, u: torch.Tensor, att: torch.Tensor) -> torch.Tensor:
+        a = u + self.wo(att)
+        x = rms(a) * self.mlp_norm
+        m = a + self.w_down(F.silu(self.w_gate(x)) * self.w_up(x))
+        return rms(m) * self.norm
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The weights as the head file keeps them (models/head_file.py), float16."""
+        def value(name: str) -> torch.Tensor:
+            p = getattr(self, name)
+            return p.weight if isinstance(p, torch.nn.Linear) else p
+        return {k: value(k).detach().float().cpu().numpy().astype(np.float16) for k in ARRAYS}
+
+    def load_arrays(self, arrays: dict[str, np.ndarray]) -> None:
+        with torch.no_grad():
+            for name in ARRAYS:
+                p = getattr(self, name)
+                (p.weight if isinstance(p, torch.nn.Linear) else p).copy_(
+                    torch.from_numpy(arrays[name].astype(np.float32)))
