@@ -59,9 +59,44 @@ class GGUFInfo:
     vocab_size: int
     data_end: int          # bytes the file must have
     file_size: int
+    data_start: int        # where the tensor data begins: the header and its padding come before
     metadata: dict         # scalar and string metadata
     # name -> (shape, innermost first as in GGUF; ggml type; absolute offset of its data)
     tensors: dict = field(default_factory=dict)
+
+
+# A model's fingerprint: what a draft head is trained for is the model's weights, but a start-up
+# cannot hash gigabytes. The header (every metadata key and value, the tokenizer's arrays included,
+# and every tensor's name, shape, type and offset) fixes the architecture, the vocabulary, the
+# quantisation and the layout of the weights; files that share it and differ in their weights
+# (fine-tunes converted with the same metadata) are told apart by a few KiB read at evenly spaced
+# points of the data section. The bytes are hashed as they are rather than the parsed values: the
+# parser keeps arrays only as their type and length, and bytes need no canonical form.
+_FINGERPRINT_SAMPLES = 16
+_FINGERPRINT_SAMPLE_BYTES = 4096
+
+
+def fingerprint(info: GGUFInfo) -> str:
+    """A short stable id (16 hex digits of a sha256) of a validated GGUF's weights (read_gguf
+    first): its header bytes up to the tensor data, samples of that data, and its part count (a
+    split model is fingerprinted by its first part). A copy of the file has the same id."""
+    parts = info.metadata.get("split.count", 1)
+    digest = hashlib.sha256(b"localspec-model-v1\0")
+    span = info.data_end - info.data_start
+    with info.path.open("rb") as fh:
+        left = info.data_start
+        while left > 0:                            # the header: megabytes with a large vocabulary
+            chunk = fh.read(min(left, 1 << 20))
+            if not chunk:
+                break
+            digest.update(chunk)
+            left -= len(chunk)
+        for i in range(_FINGERPRINT_SAMPLES if span > 0 else 0):
+            at = info.data_start + span * i // _FINGERPRINT_SAMPLES
+            fh.seek(at)
+            digest.update(fh.read(min(_FINGERPRINT_SAMPLE_BYTES, info.data_end - at)))
+    digest.update(f"\0parts {parts}".encode())
+    return digest.hexdigest()[:16]
 
 
 def tensor_rows(info: GGUFInfo, name: str, rows=None):
@@ -322,7 +357,7 @@ def _parse(r: _Reader, size: int, require_vocab: bool = True) -> GGUFInfo:
     data_end = data_start + end
     info = GGUFInfo(path=r.path, version=version, architecture=str(meta.get("general.architecture", "")),
                     n_tensors=n_tensors, vocab_size=vocab, data_end=data_end, file_size=size,
-                    metadata=meta, tensors=tensors)
+                    data_start=data_start, metadata=meta, tensors=tensors)
     if size < data_end:
         raise LocalspecError("Model file is truncated",
                              f"'{r.path}' has {size:,} bytes but its tensors need {data_end:,} "
