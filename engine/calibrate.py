@@ -4,8 +4,9 @@ that rules out before a single round is played.
 At load, each llama.cpp model (the target, a GGUF draft) decodes batches of 1..N tokens after a
 short context, the models taking turns; the fastest of a few repetitions counts (the others caught
 a noisy neighbour). The curves are cached as JSON under the user data dir for 30 days, keyed by the
-model files (path, size, mtime), the offload, the thread count, the CPU and llama.cpp's build: a new
-machine or model measures again (`localspec calibrate --refresh` does it by hand).
+model files (path, size, mtime), the offload, the thread count, whether the target hands back
+hidden states (for a draft head), the CPU and llama.cpp's build: a new machine or model measures
+again (`localspec calibrate --refresh` does it by hand).
 
 The curve decides which tree budgets the adaptive policy may try at all. A budget whose best
 case loses to plain decoding is dropped: best case means every drafted token accepted along a
@@ -265,7 +266,10 @@ def _fingerprint(models: Sequence[LlamaModel]) -> str:
         st = model.path.stat()
         parts += [str(model.path.resolve()), str(st.st_size), str(int(st.st_mtime)),
                   str(model.n_gpu_layers), str(model.n_threads), str(model.n_batch),
-                  "exact" if getattr(model, "exact", False) else "fast"]
+                  "exact" if getattr(model, "exact", False) else "fast",
+                  # with hidden states llama.cpp outputs (and copies out) every row of a batch,
+                  # which a head's target pays for: another curve
+                  "hidden" if model.hidden else "logits"]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:20]
 
 

@@ -46,6 +46,18 @@ def test_measured_curve_is_cached_per_model_and_machine(tiny, tmp_path, monkeypa
     assert len(list(tmp_path.glob("*.json"))) == 2
 
 
+def test_a_target_with_hidden_states_has_a_calibration_of_its_own(tiny, tmp_path):
+    """A draft head's target outputs every row of a batch with its hidden state: its costs are not
+    those of the same model opened for logits alone."""
+    plain = LlamaModel(tiny.target_gguf, n_ctx=256, n_seq_max=4, n_threads=1)
+    hidden = LlamaModel(tiny.target_gguf, n_ctx=256, n_seq_max=4, n_threads=1, hidden=True)
+    try:
+        assert cal.cache_path([plain], tmp_path) != cal.cache_path([hidden], tmp_path)
+    finally:
+        plain.close()
+        hidden.close()
+
+
 def test_a_load_reads_the_cache_file_once(tiny, tmp_path, monkeypatch):
     """The curve, the tiled floor (on a CPU with packaging/patches) and what is measured come from
     one read of the cache file, whether the load measures or finds everything cached."""
