@@ -240,14 +240,15 @@ def _add_calibrate(sub: argparse._SubParsersAction) -> None:
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from localspec.engine.build import load
+    from localspec.engine.build import load, with_head
     from localspec.engine.config import TreeBudget
 
     from .progress import terminal_progress
 
     # what generate and chat load, speculating: the target and a GGUF draft, measured beside it,
-    # or a head, which takes the draft model's place (a PyTorch draft is not calibrated here)
-    options = replace(run_options(args), speculation=True)
+    # or a head (the one installed for the target unless told), which takes the draft model's
+    # place (a PyTorch draft is not calibrated here)
+    options = with_head(replace(run_options(args), speculation=True))
     names = [n for n in options.stages if n in ("draft", "head")]
     model, draft = options.model, options.head if options.head is not None else options.draft
     with terminal_progress(sys.stderr) as progress:

@@ -16,7 +16,7 @@ from pathlib import Path
 from localspec.engine.errors import LocalspecError
 
 from .inputs import read_text_file
-from .paths import model_path
+from .paths import resolve_models
 
 
 _PROMPT, _GEN = 384, 128   # a generated continuation: prompt tokens kept, tokens generated
@@ -30,10 +30,12 @@ def add_head(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("head", help="train or describe a draft head (drafts from the target's hidden state)")
     acts = p.add_subparsers(dest="action", required=True)
     train = acts.add_parser("train", help="train a head for a target on files you name")
-    train.add_argument("--model", required=True, help="target model: a .gguf file")
+    train.add_argument("--model", required=True,
+                       help="target model: a .gguf file or an installed model's name (localspec list)")
     train.add_argument("--text", action="append", required=True, metavar="PATH",
                        help="files or folders to learn from (their *.py, *.md, *.txt, *.rst); repeatable")
-    train.add_argument("--out", required=True, help="the head file to write (.npz)")
+    train.add_argument("--out", help="the head file to write (.npz; default: installed for the target, "
+                                     "which then uses it without --head)")
     train.add_argument("--max-tokens", type=int, default=500_000, help="text to read, in tokens")
     train.add_argument("--generated-tokens", type=int, default=1_000_000,
                        help="the target's own continuations of the functions in --text (signature and "
@@ -70,12 +72,7 @@ def _train(args: argparse.Namespace) -> int:
     from localspec.engine.llama_model import LlamaModel
     from localspec.engine.head_train import collect, function_prompts, generate_corpus, join, text_files, train
 
-    model = model_path(args.model, "Model")
-    out = Path(args.out).expanduser()
-    if out.suffix != ".npz":
-        raise LocalspecError("Head file name", str(out), "Name the output file with .npz")
-    if not out.parent.is_dir():
-        raise LocalspecError("Folder for the head not found", str(out.parent), "Create it, or pick another --out")
+    model, out = _model_and_out(args)
     files = text_files(args.text)
     random.Random(0).shuffle(files)   # a spread of the text when --max-tokens stops early
     if not files:
@@ -131,4 +128,23 @@ def _train(args: argparse.Namespace) -> int:
                              "Name more text, or raise --max-tokens") from None
     print(f"wrote {out}: {info['tokens']} tokens, draft vocabulary {info['draft_vocab']}, "
           f"held-out top-1 per step {info['held_out_top1']}")
+    print(f"installed: {args.model} drafts with it from now on (--no-head turns it off for a run)"
+          if args.out is None else f"use it with: --head {out}")
     return 0
+
+
+def _model_and_out(args: argparse.Namespace) -> tuple[Path, Path]:
+    """The target file (a path, or an installed model's) and where the head goes: --out, or the
+    target's installed head (models/heads.py; its folder created), checked before any training."""
+    from localspec.models import heads
+
+    model, _ = resolve_models(args.model, None)
+    if args.out is None:
+        heads.make_heads_dir()
+        return model, heads.default_head_path(model)
+    out = Path(args.out).expanduser()
+    if out.suffix != ".npz":
+        raise LocalspecError("Head file name", str(out), "Name the output file with .npz")
+    if not out.parent.is_dir():
+        raise LocalspecError("Folder for the head not found", str(out.parent), "Create it, or pick another --out")
+    return model, out

@@ -44,9 +44,10 @@ def add_models_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--copy", action="store_true",
                    help="copy the files into localspec's store (default: use them where they are)")
     p.set_defaults(run=cmd_import)
-    p = sub.add_parser("list", help="installed models: size, quantization, draft, whether they fit")
+    p = sub.add_parser("list", help="installed models: size, quantization, draft, head, whether they fit")
     p.set_defaults(run=cmd_list)
-    p = sub.add_parser("rm", help="forget an installed model (files you imported in place stay)")
+    p = sub.add_parser("rm", help="forget an installed model and its draft head (files you imported "
+                                  "in place stay)")
     p.add_argument("name")
     p.set_defaults(run=cmd_rm)
 
@@ -137,16 +138,45 @@ def cmd_list(args: argparse.Namespace) -> int:
         print(f"    target {m.target.path}{parts}")
         kind = " (PyTorch)" if m.draft and m.draft.kind == "torch" else ""
         print(f"    draft  {m.draft.path if m.draft else '-'}{kind}")
+        print(f"    head   {_head_line(row)}")
     return 0
 
 
-def cmd_rm(args: argparse.Namespace) -> int:
-    from localspec.models import library
+def _head_line(row: library.ModelListing) -> str:
+    """The model's installed draft head (models/heads.py) and how often it guessed the target's
+    next token on held-out text, or how to train one."""
+    from localspec.models import heads
+    from localspec.models.errors import LocalspecError
+    from localspec.models.head_file import read_head
 
+    found = heads.head_for(row.model.target.path) if not row.missing else None
+    if found is None:
+        return f"- (train one: localspec head train --model {row.name} --text DIR)"
+    try:
+        meta, _ = read_head(found)
+    except LocalspecError as err:      # unreadable, or from an older localspec: say so, list on
+        return f"not usable: {err.cause}"
+    if meta.get("target_id", found.stem) != found.stem:   # a file put there by hand
+        return f"not usable: '{found}' was trained for another model ({meta['target_id']})"
+    top1 = meta.get("held_out_top1")
+    score = (f" (held-out top-1 {top1[0]:.2f})"
+             if isinstance(top1, list) and top1 and isinstance(top1[0], (int, float)) else "")
+    return f"{found}{score}"
+
+
+def cmd_rm(args: argparse.Namespace) -> int:
+    from localspec.models import heads, library
+
+    entry = library.get_model(args.name)
+    removed = heads.installed_id(entry.target.path) if entry is not None else None
     model = library.remove_model(args.name)
     kept = [f.path for f in (model.target, model.draft) if f and not f.owned]
     note = f"; your files stay where they are: {', '.join(map(str, kept))}" if kept else ""
-    print(f"Removed {model.name}{note}.")
+    # the head goes with the last installed model of these weights (heads.remove_head says why)
+    head = (heads.remove_head(removed, {heads.installed_id(m.target.path)
+                                        for m in library.installed().values()})
+            if removed is not None else None)
+    print(f"Removed {model.name}{' and its draft head' if head else ''}{note}.")
     return 0
 
 

@@ -18,6 +18,7 @@ from dataclasses import replace
 from typing import Mapping
 
 from localspec.engine.config import DEFAULT_TREE_NODES, TreeBudget
+from localspec.engine.errors import LocalspecError
 from localspec.engine.options import Options, check_values
 
 from .settings import STAGES, Settings
@@ -31,8 +32,9 @@ def add_model_options(p: argparse.ArgumentParser, model_required: bool = True,
                                         "(localspec list)") -> None:
     p.add_argument("--model", required=model_required, help=model_help)
     p.add_argument("--draft", help="draft model: a .gguf file (llama.cpp) or a transformers folder (PyTorch)")
-    p.add_argument("--head", help="a draft head trained for this target (localspec head train): drafts "
-                                  "from the target's own hidden states, in the draft model's place")
+    p.add_argument("--head", help="a draft head trained for this target: drafts from the target's own "
+                                  "hidden states, in the draft model's place (default: the head "
+                                  "`localspec head train` installed for the target, if any)")
     p.add_argument("--ctx", type=int, help="context size in tokens (default 4096)")
     p.add_argument("--exact", action="store_true", default=None, help=EXACT_HELP)
 
@@ -46,6 +48,8 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
                    help="plain decoding, one token per target call")
     p.add_argument("--no-personal", dest="personal", action="store_false", default=None,
                    help="do not use the personal n-gram drafter built from your chats")
+    p.add_argument("--no-head", dest="use_head", action="store_false", default=None,
+                   help="do not use the draft head installed for the target")
     p.add_argument("--tree-nodes", type=int,
                    help=f"largest draft tree per round (default {DEFAULT_TREE_NODES})")
     p.add_argument("--fixed-budget", action="store_true", default=None,
@@ -72,6 +76,9 @@ def given(args: argparse.Namespace) -> dict[str, object]:
     """The flags this run was given (dest -> value), checked: LocalspecError names a bad one."""
     flags = {k: v for k, v in vars(args).items() if v is not None}
     check_values({_CHECKED[k]: v for k, v in flags.items() if k in _CHECKED})
+    if "head" in flags and flags.get("use_head") is False:
+        raise LocalspecError("Both --head and --no-head", f"--head {flags['head']} uses a head, "
+                             "--no-head none", "Leave out one of them")
     return flags
 
 
@@ -83,7 +90,7 @@ def options_from_flags(flags: Mapping[str, object], base: Options) -> Options:
     if "tree_nodes" in flags or "fixed_budget" in flags:
         budget = TreeBudget(max_nodes=flags.get("tree_nodes", budget.max_nodes),
                             adaptive=not flags.get("fixed_budget", not budget.adaptive))
-    simple = {"model": "model", "draft": "draft", "head": "head", "ctx": "n_ctx",
+    simple = {"model": "model", "draft": "draft", "head": "head", "use_head": "use_head", "ctx": "n_ctx",
               "gpu_layers": "n_gpu_layers", "threads": "n_threads", "exact": "exact", "speculation": "speculation",
               "personal": "personal", "max_tokens": "max_tokens"}
     return replace(base, sampling=sampling, budget=budget,
@@ -92,25 +99,28 @@ def options_from_flags(flags: Mapping[str, object], base: Options) -> Options:
 
 # ---- run flags over saved settings --------------------------------------------------------------
 # The settings a flag can stand over for one run (chat and ask): the models, exact numerics on,
-# speculation and the personal stage off, the sampling. "personal" is the settings' stage of that
-# name.
-OVER_SETTINGS = ("model", "draft", "exact", "speculation", "personal",
+# speculation, the personal stage and the installed head off, the sampling. "personal" is the
+# settings' stage of that name.
+OVER_SETTINGS = ("model", "draft", "exact", "speculation", "personal", "use_head",
                  "temperature", "top_p", "top_k", "seed", "max_tokens")
 
 
 def settings_flags(flags: Mapping[str, object]) -> dict[str, object]:
     """The given flags that stand over settings. A --model brings its own draft (the one given,
-    or None: that model's own), never the saved model's."""
+    or None: that model's own), never the saved model's; a --head is used even where the saved
+    settings keep heads off."""
     out = {k: flags[k] for k in OVER_SETTINGS if k in flags}
     if "model" in out:
         out["draft"] = flags.get("draft")
+    if "head" in flags:
+        out["use_head"] = True
     return out
 
 
 def spec_flags(spec: Options) -> dict[str, object]:
     """The flags that stand over settings, from an engine spec built from the flags (chat's
-    base spec): a model given (not "") with its draft, a draft alone, exact on, speculation or
-    the personal stage off."""
+    base spec): a model given (not "") with its draft, a draft alone, exact on, speculation, the
+    personal stage or heads off, a head given (heads on)."""
     flags: dict[str, object] = ({"model": spec.model, "draft": spec.draft} if spec.model
                                 else {"draft": spec.draft} if spec.draft else {})
     if spec.exact:
@@ -119,6 +129,8 @@ def spec_flags(spec: Options) -> dict[str, object]:
         flags["speculation"] = False
     if not spec.personal:
         flags["personal"] = False
+    if spec.head is not None or not spec.use_head:
+        flags["use_head"] = spec.use_head
     return flags
 
 
@@ -155,10 +167,10 @@ def edited(saved: Settings, flags: Mapping[str, object], form: Settings) -> tupl
 
 def settings_options(run: Settings, base: Options) -> Options:
     """The engine options for settings (already with the flags over them) on top of `base`,
-    which holds what settings do not (context, GPU layers, tree size, head)."""
+    which holds what settings do not (context, GPU layers, tree size, a head file)."""
     return replace(base, model=run.model or "", draft=run.draft,
                    use_draft="draft" in run.stages, speculation=run.speculation,
-                   personal="personal" in run.stages, exact=run.exact)
+                   personal="personal" in run.stages, use_head=run.use_head, exact=run.exact)
 
 
 def resolved(options: Options) -> Options:

@@ -38,6 +38,9 @@ class Settings:
     seed: int | None = None            # sampling seed; None: a new one for every reply
     speculation: bool = True
     stages: tuple[str, ...] = STAGES
+    use_head: bool = True              # the draft head installed for the model, when there is one
+                                       # (a flag of its own, not a stage: files saved before heads
+                                       # were found automatically list their stages without it)
     system_prompt: str = ""
     show_sources: bool = False         # colour each token by the drafter that proposed it
     exact: bool = False                # exact numerics (CPU): speculation emits plain decoding's tokens
@@ -71,7 +74,7 @@ class Settings:
         values = {k: v for k, v in raw.items() if k in known}
         if "stages" in values:
             values["stages"] = tuple(values["stages"])
-        for name in ("speculation", "show_sources", "exact"):
+        for name in ("speculation", "use_head", "show_sources", "exact"):
             if name in values and not isinstance(values[name], bool):
                 raise ValueError(f"{name} {values[name]!r} (want true or false)")
         return cls(**values)

@@ -14,6 +14,10 @@ the same order, and each step depends on the one before:
 5. each stage adds its own cost curve (a PyTorch draft and a head time themselves), and the
    engine starts from the estimates the last run learnt.
 
+Before step 1, `with_head` names the draft head a run uses when the options leave it automatic
+(the head installed for the target, models/heads.py): the one place that decides it, so the
+library, every command and the chat's engine process find the same head.
+
 `load` does steps 1-3 and hands back a `Loaded`, from which any number of engines are built
 (`Loaded.engine`: steps 4-5; bench builds one per configuration over one target); `build` does all
 five for one engine (the session). Nothing here switches on a drafter's type: stage names pick the
@@ -21,7 +25,7 @@ factories.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -43,6 +47,25 @@ def check_head_path(path: str | Path) -> Path:
         raise LocalspecError("Draft head not found", str(path),
                              "Pass the .npz file `localspec head train` wrote, or leave out --head")
     return path
+
+
+def with_head(options: Options) -> Options:
+    """`options` with the head this run uses named in `head`: when none is given and heads are on
+    (`use_head`), the head installed for the target (models/heads.py), if there is one; otherwise
+    unchanged. `options.model` must be a path. Reads the target's header (a fraction of a second)."""
+    if options.head is not None or not options.use_head or not options.speculation:
+        return options
+    from localspec.models.heads import head_for
+
+    found = head_for(options.model)
+    return options if found is None else replace(options, head=found)
+
+
+def _unusable_installed_head(err: LocalspecError, path: Path) -> LocalspecError:
+    """A head found for the target that does not load: the user did not name it, so the fix says
+    how to run without it too."""
+    return LocalspecError(err.title, f"{err.cause} (the head installed for this model)",
+                          f"{err.fix}; or run without it: --no-head, or delete '{path}'")
 
 
 def load_head(path: str | Path, model: LlamaModel):
@@ -182,7 +205,14 @@ def load(options: Options, names: Sequence[str], *, measure: bool, refresh: bool
             store = NgramStore.open(vocab_key(model), label=model.path.name)
             opened.append(store)
         if "head" in names:
-            head = load_head(options.head, model)
+            try:
+                head = load_head(options.head, model)
+            except LocalspecError as err:
+                from localspec.models.heads import is_installed
+
+                if is_installed(options.head):
+                    raise _unusable_installed_head(err, Path(options.head)) from None
+                raise
         costs = (calibrate(model, gguf, nodes, refresh=refresh, progress=progress)
                  if measure else None)
     except BaseException:
@@ -231,8 +261,10 @@ class Built:
 
 
 def build(options: Options, progress: Progress | None = None) -> Built:
-    """Load and build everything `options` asks for (see `load`); progress: told each step of a
-    first calibration on this machine (calibrate.Step)."""
+    """Load and build everything `options` asks for (see `load`; a head left automatic is found
+    first: `with_head`); progress: told each step of a first calibration on this machine
+    (calibrate.Step)."""
+    options = with_head(options)
     names = options.stages
     check_exact_tree(options)
     loaded = load(options, names, measure=bool(names) and options.budget.adaptive and options.calibrate,

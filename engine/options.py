@@ -14,6 +14,10 @@ Why it is shaped so:
 * `model` and `draft` are what the user gave (a path, or an installed model's name, which the
   app resolves to paths before building); `stages` turns the switches into the ordered list of
   drafter names the builder walks (engine/drafters/registry.py).
+* A draft head is automatic: `head=None` means the head installed for the target, if there is
+  one; `head` names another, `use_head=False` none. The builder finds the installed one
+  (engine/build.py's `with_head`, which reads the target file's fingerprint), so options stay plain
+  data and the library's defaults run what the CLI runs without flags.
 """
 from __future__ import annotations
 
@@ -88,8 +92,10 @@ class Options:
     model: str | Path                  # a .gguf path (or, before the app resolves it, a model's name);
                                        # "" only in the chat before a model is chosen
     draft: str | Path | None = None    # a .gguf (llama.cpp) or a transformers folder (PyTorch)
-    head: str | Path | None = None     # a draft head trained for this target (drafters/head.py);
-                                       # it takes the draft model's place
+    head: str | Path | None = None     # a draft head trained for this target (drafters/head.py),
+                                       # in the draft model's place; None: the head installed for
+                                       # the target (models/heads.py), if any (build.with_head)
+    use_head: bool = True              # False: no head, not even the one installed for the target
     use_draft: bool = True             # False: no draft model, not even an installed model's own
     torch_draft: bool = False          # run a .gguf draft in PyTorch (a folder always is)
     speculation: bool = True
@@ -123,11 +129,12 @@ class Options:
     def stages(self) -> tuple[str, ...]:
         """The drafters to build, cheapest first, by their registry names (none without
         speculation): Max-Gram, the personal n-grams, then one neural stage: the head if there is
-        one, else the draft model (in PyTorch for a folder or when asked, else in llama.cpp)."""
+        one, else the draft model (in PyTorch for a folder or when asked, else in llama.cpp). The
+        head installed for the target counts once build.with_head has named it in `head`."""
         if not self.speculation:
             return ()
         neural: tuple[str, ...] = ()
-        if self.head is not None:
+        if self.head is not None and self.use_head:
             neural = ("head",)
         elif self.draft is not None and self.use_draft:
             in_torch = self.torch_draft or Path(self.draft).expanduser().is_dir()

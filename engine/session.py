@@ -15,7 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
-from .build import build, check_head_path, load_head  # noqa: F401  (load_head, check_head_path: the API)
+from .build import build, check_head_path, load_head, with_head  # noqa: F401  (load_head, check_head_path: the API)
 from .calibrate import Progress, write_json
 from .chat import render_chat
 from .config import GenerationRequest, SamplingParams
@@ -39,7 +39,8 @@ class Session:
 
     def __init__(self, cfg: Options, progress: Progress | None = None) -> None:
         """progress: told each step of a first calibration on this machine (calibrate.Step)."""
-        if cfg.speculation and cfg.head is not None:
+        cfg = with_head(cfg)                   # the head installed for the target, unless told
+        if "head" in cfg.stages:
             cfg = replace(cfg, draft=None)     # the head takes the draft model's place
         self.cfg = cfg
         built = self._built = build(cfg, progress)

@@ -90,7 +90,8 @@ class SettingsScreen(ModalScreen[Settings | None]):
             yield from _row("Speculation", Switch(s.speculation, id="speculation"))
             yield from _row("Stages (Max-Gram always)",
                             *[Checkbox(stage, stage in s.stages, id=f"stage-{stage}", compact=True)
-                              for stage in STAGES])
+                              for stage in STAGES],
+                            Checkbox("head", s.use_head, id="use_head", compact=True))
             yield from _row("Colour tokens by drafter", Switch(s.show_sources, id="show_sources"))
             yield from _row("Exact numerics (CPU, slower)", Switch(s.exact, id="exact"))
             yield Label("System prompt")
@@ -116,6 +117,7 @@ class SettingsScreen(ModalScreen[Settings | None]):
                 seed=int(value("seed")) if value("seed") else None,
                 speculation=self.query_one("#speculation", Switch).value,
                 stages=tuple(s for s in STAGES if self.query_one(f"#stage-{s}", Checkbox).value),
+                use_head=self.query_one("#use_head", Checkbox).value,
                 system_prompt=self.query_one("#system_prompt", TextArea).text,
                 show_sources=self.query_one("#show_sources", Switch).value,
                 exact=self.query_one("#exact", Switch).value)

@@ -227,6 +227,33 @@ async def test_no_speculation_and_no_personal_are_for_the_run_only(tmp_path):
         assert not app.engine.spec.speculation and not app.engine.spec.personal
 
 
+async def test_no_head_is_for_the_run_only_and_the_form_saves_a_choice(tmp_path):
+    """`chat --no-head`: the run goes without the installed head and the form shows it off; saving
+    an unrelated setting keeps heads on in the file; unticked in the form, off is saved."""
+    settings_file = tmp_path / "settings.json"
+    save_settings(Settings(model="qwen2.5-coder-7b"), settings_file)
+    args = build_parser().parse_args(["chat", "--no-head"])
+    app = chat_app(args, demo_history(tmp_path / "history.sqlite"), settings_file=settings_file,
+                   engine_factory=ScriptedEngine)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        assert app.engine.spec.use_head is False
+        await pilot.press("ctrl+o")
+        assert app.screen.query_one("#use_head").value is False
+        await submit_settings(pilot, app, {"temperature": "0.5"})
+        assert load_settings(settings_file).use_head is True and app.engine.spec.use_head is False
+
+    app = chat_app(build_parser().parse_args(["chat"]), demo_history(tmp_path / "history2.sqlite"),
+                   settings_file=settings_file, engine_factory=ScriptedEngine)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        assert app.engine.spec.use_head is True
+        await pilot.press("ctrl+o")
+        assert app.screen.query_one("#use_head").value is True
+        await submit_settings(pilot, app, {"use_head": False})
+        assert load_settings(settings_file).use_head is False and app.engine.spec.use_head is False
+
+
 async def test_model_and_draft_flags_are_for_the_run_only(tmp_path):
     """`chat --model M --draft D` over a saved model and draft: the run and the form use M and D;
     saving an unrelated setting keeps the saved pair (the flags are never saved); a model typed in

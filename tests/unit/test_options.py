@@ -122,6 +122,26 @@ def test_flags_stand_over_settings_for_the_run_only():
     assert to_save.exact is False and "exact" not in still and over(to_save, still).exact is False
 
 
+def test_head_flags_over_the_automatic_head_and_the_saved_setting():
+    assert Options("t.gguf").use_head and Options("t.gguf").head is None     # automatic by default
+    assert options_from_flags(given(parse("--no-head")), Options("t.gguf")).use_head is False
+    assert options_from_flags(given(parse("--head", "h.npz")), Options("t.gguf")).head == "h.npz"
+    with pytest.raises(LocalspecError, match="--head and --no-head"):
+        given(parse("--head", "h.npz", "--no-head"))
+    # --no-head stands over the saved settings for this run only
+    saved = Settings(model="coder")
+    flags = settings_flags(given(parse("--no-head")))
+    run = over(saved, flags)
+    assert run.use_head is False and settings_options(run, Options("")).use_head is False
+    assert edited(saved, flags, run) == (saved, flags)
+    # a --head is used even where the saved settings keep heads off; the chat's spec says the same
+    off = Settings(model="coder", use_head=False)
+    run = over(off, settings_flags(given(parse("--head", "h.npz"))))
+    assert settings_options(run, Options("", head="h.npz")).stages[-1] == "head"
+    assert spec_flags(Options("", head="h.npz")) == {"use_head": True}
+    assert spec_flags(Options("", use_head=False)) == {"use_head": False}
+
+
 def test_sampling_flags_stand_over_settings_like_the_others():
     saved = Settings(model="coder", temperature=0.2, max_tokens=300)
     flags = settings_flags(given(parse("--temperature", "0.9", "--seed", "7")))

@@ -26,6 +26,11 @@ def test_unknown_keys_ignored_missing_keys_default(tmp_path):
     path = tmp_path / "s.json"
     path.write_text(json.dumps({"temperature": 0.5, "from_the_future": 1}))
     assert load_settings(path) == Settings(temperature=0.5)
+    # a file saved before heads were found automatically: its stages list no head, heads stay on
+    path.write_text(json.dumps({"stages": ["personal", "draft"]}))
+    assert load_settings(path).use_head is True
+    path.write_text(json.dumps({"use_head": False}))
+    assert load_settings(path).use_head is False
 
 
 @pytest.mark.parametrize("body, cause", [
@@ -34,6 +39,7 @@ def test_unknown_keys_ignored_missing_keys_default(tmp_path):
     (json.dumps({"temperature": -1}), "temperature"),
     (json.dumps({"stages": ["warp"]}), "stages"),
     (json.dumps({"speculation": "yes"}), "speculation"),
+    (json.dumps({"use_head": "off"}), "use_head"),
     (json.dumps({"max_tokens": "many"}), "max_tokens"),
 ])
 def test_corrupt_file_is_explained_and_falls_back(tmp_path, body, cause):
