@@ -147,13 +147,13 @@ def _head_line(row: library.ModelListing) -> str:
     next token on held-out text, or how to train one."""
     from localspec.models import heads
     from localspec.models.errors import LocalspecError
-    from localspec.models.head_file import read_head
+    from localspec.models.head_file import read_meta
 
     found = heads.head_for(row.model.target.path) if not row.missing else None
     if found is None:
         return f"- (train one: localspec head train --model {row.name} --text DIR)"
     try:
-        meta, _ = read_head(found)
+        meta = read_meta(found)       # the meta alone: no weights read
     except LocalspecError as err:      # unreadable, or from an older localspec: say so, list on
         return f"not usable: {err.cause}"
     if meta.get("target_id", found.stem) != found.stem:   # a file put there by hand
