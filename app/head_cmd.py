@@ -42,7 +42,11 @@ def add_head(sub: argparse._SubParsersAction) -> None:
                             "docstring), in tokens: what the head will draft from (0: text only)")
     train.add_argument("--parallel", type=int, default=64, help="continuations generated side by side")
     train.add_argument("--steps", type=int, default=3000)
-    train.add_argument("--batch", type=int, default=1024)
+    train.add_argument("--batch", type=int, default=32, help="windows of text a training step takes")
+    train.add_argument("--length", type=int, default=256, help="tokens a window holds")
+    train.add_argument("--minutes", type=float, help="a time limit for the training steps (after the target "
+                                                      "has read the text): fewer steps if they would not fit")
+    train.add_argument("--ff", type=int, help="the head's MLP width (default: 4 x the target's hidden size)")
     train.add_argument("--draft-vocab", type=int, default=32768,
                        help="tokens the head may draft: the target's most frequent choices")
     train.add_argument("--ctx", type=int, default=512, help="tokens the target reads at a time")
@@ -82,10 +86,10 @@ def _train(args: argparse.Namespace) -> int:
 
     skipped: set[Path] = set()
 
-    def texts():
-        for f in files:
+    def texts():   # (file id, text): the held-out split is by file
+        for i, f in enumerate(files):
             try:
-                yield read_text_file(f, HEAD_FILE_MAX_BYTES, "Cannot learn from the file", "Split it")
+                yield i, read_text_file(f, HEAD_FILE_MAX_BYTES, "Cannot learn from the file", "Split it")
             except LocalspecError as err:   # binary, unreadable or too large: skipped, said once
                 if f not in skipped:
                     skipped.add(f)
@@ -121,13 +125,14 @@ def _train(args: argparse.Namespace) -> int:
     say(f"{len(corpus.tokens)} tokens from {len(files)} files; training")
     try:
         info = train(corpus, model, out, vocab_size=args.draft_vocab, steps=args.steps, batch=args.batch,
-                     progress=say, meta={"target": model.name, "text": [str(Path(t)) for t in args.text]},
+                     length=args.length, ff=args.ff,
+                     seconds=None if args.minutes is None else 60 * args.minutes, checkpoint=out.with_name(out.name + ".ckpt"), progress=say, meta={"target": model.name, "text": [str(Path(t)) for t in args.text]},
                      tables=tables)
     except ValueError as err:   # too little text to train on and to check the head on
         raise LocalspecError("Too little to learn from", str(err),
                              "Name more text, or raise --max-tokens") from None
     print(f"wrote {out}: {info['tokens']} tokens, draft vocabulary {info['draft_vocab']}, "
-          f"held-out top-1 per step {info['held_out_top1']}")
+          f"held-out top-1 by depth {info['held_out_top1']}")
     print(f"installed: {args.model} drafts with it from now on (--no-head turns it off for a run)"
           if args.out is None else f"use it with: --head {out}")
     return 0

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .calibrate import Costs, Progress, calibrate, learnt_path, read_json
-from .config import TreeBudget
+from .config import HEAD_CONTEXT, TreeBudget
 from .decode import Engine
 from .drafters import registry
 from .drafters.base import Drafter
@@ -223,7 +223,7 @@ def load(options: Options, names: Sequence[str], *, measure: bool, refresh: bool
                     and (options.stable_shapes if options.stable_shapes is not None
                          else gguf.n_gpu_layers != 0)
                     and not (costs is not None and costs.cheap_switch))
-    parts = registry.Parts(Target(model), gguf_draft=gguf, torch_lm=lm, head=head, store=store,
+    parts = registry.Parts(Target(model, hidden_tail=HEAD_CONTEXT if head else 1), gguf_draft=gguf, torch_lm=lm, head=head, store=store,
                            draft_limits=options.draft_limits, head_limits=options.head_limits,
                            draft_stable=draft_stable,
                            draft_path=Path(options.draft) if options.draft else None)

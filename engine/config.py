@@ -100,6 +100,9 @@ class DraftLimits:
 # A draft head (drafters/head.py) steps in a fraction of a target call: deep trees, best-first, one
 # step a layer. (More children a node and more nodes a step grew trees no deeper, only wider.)
 HEAD_LIMITS = DraftLimits(max_depth=8, branching=2, width=4, chain=0)
+# A prompt's last tokens whose target states the head reads (its context when a generation
+# starts; later the generated text's): each is an output row of logits in the prefill.
+HEAD_CONTEXT = 128
 
 
 @dataclass(frozen=True)

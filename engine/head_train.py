@@ -217,7 +217,7 @@ def train(corpus: Corpus, target_gguf: Path, out: Path, *, vocab_size: int = 327
           feature_weight: float = 0.1, ff: int | None = None, device: str | None = None, seed: int = 0,
           progress: Callable[[str], None] = lambda s: None, meta: dict | None = None,
           tables: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
-          checkpoint: Path | None = None, checkpoint_every: int = 500) -> dict:
+          checkpoint: Path | None = None, checkpoint_every: int = 500, seconds: float | None = None) -> dict:
     """Train a head on `corpus` and write it to `out`; what training measured (how often the
     head's top guess is the target's choice on held-out files, per tree depth). `tables`:
     `target_tables(target_gguf, None)`, when the caller has them dequantised already.
@@ -227,7 +227,9 @@ def train(corpus: Corpus, target_gguf: Path, out: Path, *, vocab_size: int = 327
     attention what a node at that depth sees: `_pass_masks`): the loss is the target's choice at
     every level, plus a small pull of each predicted state to the target's. `checkpoint`: where
     the model and optimiser are saved every `checkpoint_every` steps and resumed from (the same
-    corpus and settings only); removed when the head is written."""
+    corpus and settings only); removed when the head is written. `seconds`: a time limit for the
+    steps, which lowers `steps` to what the first ones' speed says fits (the learning rate's
+    schedule follows)."""
     import torch
     import torch.nn.functional as F
 
@@ -292,9 +294,12 @@ def train(corpus: Corpus, target_gguf: Path, out: Path, *, vocab_size: int = 327
     with torch.no_grad():
         net.norm.copy_(torch.from_numpy(norm))
     opt = torch.optim.AdamW(net.parameters(), lr=lr, weight_decay=0.0, betas=(0.9, 0.95))
-    warm = max(1, steps // 20)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda i: min(1.0, (i + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(1.0, i / steps))))
+    plan = {"steps": steps}   # lowered once by `seconds`; the schedule reads it
+
+    def lr_at(i: int) -> float:
+        warm = max(1, plan["steps"] // 20)
+        return min(1.0, (i + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(1.0, i / plan["steps"])))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
     masks = _pass_masks(length, passes, dev)
     offs = torch.arange(length + 1, device=dev)
     weights = [0.8 ** j for j in range(passes)]   # deeper levels matter less: fewer rounds reach them
@@ -361,9 +366,21 @@ def train(corpus: Corpus, target_gguf: Path, out: Path, *, vocab_size: int = 327
         else:
             progress(f"{checkpoint} was made with other settings or text: starting over")
     train_t = torch.from_numpy(train_starts).to(dev)
-    t0 = time.time()
+    t0 = t_start = time.time()
     acc: list[float] = []
-    for step in range(first, steps):
+    step = first
+    while step < plan["steps"]:
+        if step in (first + 10, first + 40) and dev.type == "cuda":
+            torch.cuda.synchronize()   # the steps queued so far, done: the clock is true
+        if step == first + 10:
+            t_warm = time.time()   # the first steps compile and allocate: timed apart
+        if seconds is not None and step == first + 40:   # the speed is known: fit the steps in
+            rate = 30 / max(time.time() - t_warm, 1e-9)
+            fit = step + int(rate * max(seconds - (time.time() - t_start), 0))
+            if fit < plan["steps"]:
+                plan["steps"] = max(step + 1, fit)
+                progress(f"{plan['steps']} steps fit in {seconds:.0f} s ({rate:.1f} steps/s)")
+        steps = plan["steps"]
         s = train_t[torch.randint(0, train_t.numel(), (batch,), device=dev)]
         loss, _ = losses(s)
         opt.zero_grad(set_to_none=True)
@@ -371,7 +388,7 @@ def train(corpus: Corpus, target_gguf: Path, out: Path, *, vocab_size: int = 327
         torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
         opt.step()
         sched.step()
-        done = step + 1
+        step = done = step + 1
         if done % checkpoint_every == 0 or done == steps:
             acc = held_out()
             rate = (done - first) / max(time.time() - t0, 1e-9)
@@ -385,7 +402,7 @@ def train(corpus: Corpus, target_gguf: Path, out: Path, *, vocab_size: int = 327
     if not acc:
         acc = held_out()
     info = {"n_embd": d, "vocab_size": full_vocab, "draft_vocab": k, "tokens": int(n),
-            "steps": steps, "passes": passes, "shape": shape.to_json(), "target_id": target_id,
+            "steps": plan["steps"], "passes": passes, "shape": shape.to_json(), "target_id": target_id,
             "held_out": f"{held_groups.size} of {groups.size} {'files' if group is corpus.source else 'chunks'}", "held_out_top1": acc, **(meta or {})}
     save_head(Path(out), net.arrays(), vocab, info)
     if checkpoint is not None:

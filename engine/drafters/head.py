@@ -165,7 +165,13 @@ class DraftHead:
                              torch.from_numpy(np.asarray(slots, np.int64)).to(dev),
                              torch.from_numpy(mask).to(dev))
         rows = next(b for b in _BUCKETS if b >= n)
-        g = self._graphs.get(rows) or self._capture(rows)
+        g = self._graphs.get(rows)
+        if g is None:
+            try:
+                g = self._capture(rows)
+            except RuntimeError:   # a card or build that cannot capture: eager steps (slower)
+                self.graphs = False
+                return self.step(f, tokens, pos, slots, mask)
         graph, (f_in, ids_in, pos_in, slots_in, mask_in), state, logits = g
         # every row's inputs, the padding rows' too: stale slots from a bigger step would write there
         host_pos, host_slots, host_mask = self._host[rows]
