@@ -204,3 +204,75 @@ def test_calibrate_measures_the_head_in_the_draft_models_place(tiny, tiny_head, 
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     assert f"draft {tiny_head.name}: 1:" in run.stdout and "budget" in run.stdout
+
+
+def test_head_drafts_the_targets_tokens_far_above_chance_and_output_stays_plain(tiny, tiny_head):
+    """In real decoding of held-out text, the head's first guess is the target's next token in
+    at least 40% of the rounds it drafts (chance: 1 in its ~100-token draft vocabulary), its
+    chains go deeper than one token, and the output is plain decoding's."""
+    from tiny_models import held_out_corpus
+
+    options = dict(n_ctx=512, n_threads=1)
+    session = Session(Options(tiny.target_gguf, head=tiny_head, maxgram=False, personal=False,
+                              budget=TreeBudget(max_nodes=12, adaptive=False), **options))
+    plain = Session(Options(tiny.target_gguf, speculation=False, **options))
+    rounds = first = deeper = 0
+    try:
+        for doc in held_out_corpus(12)[1:]:     # the first runs into a loop no drafter predicts
+            prompt = session.raw_prompt(doc[:60])
+            got = session.run(prompt, max_tokens=48)
+            assert got.tokens == plain.run(prompt, max_tokens=48).tokens
+            head = next(s for s in got.stats.stages if s.name == "head")
+            rounds += head.proposed[0] and got.stats.target_calls
+            first += head.accepted[0]
+            deeper += sum(head.accepted[1:])
+    finally:
+        session.close()
+        plain.close()
+    assert rounds > 10 and first / rounds >= 0.4 and deeper > 0, (first, rounds, deeper)
+
+
+def test_a_head_for_another_target_of_the_same_shape_is_refused(tiny, tiny_head, tmp_path):
+    """The target's fingerprint, not only its sizes, must match: a head made for other weights
+    of the same shape (a fine-tune) drafts nothing useful."""
+    from localspec.models.head_file import read_head, save_head
+
+    meta, arrays = read_head(tiny_head)
+    vocab = arrays.pop("vocab")
+    other = tmp_path / "other.npz"
+    save_head(other, arrays, vocab, {**{k: v for k, v in meta.items() if k != "format"},
+                                     "target_id": "0123456789abcdef", "target": "finetune.gguf"})
+    with pytest.raises(LocalspecError) as err:
+        DraftHead(other, tiny.target_gguf, n_embd=128, vocab_size=tiny.vocab_size, device="cpu")
+    text = err.value.render()
+    assert "another target" in text and "finetune.gguf" in text and "head train" in text
+
+
+def test_the_heads_cache_gives_what_recomputing_the_window_gives(tiny, tiny_head):
+    """Pairs added round by round (each a step against the ring) leave the same state as one
+    causal step over all of them: the cache's positions and masks are the training's."""
+    import torch
+
+    from localspec.engine.drafters.head import TREE, WINDOW
+
+    head = DraftHead(tiny_head, tiny.target_gguf, n_embd=128, vocab_size=tiny.vocab_size, device="cpu")
+    head._cast(torch.float32)
+    rng = np.random.default_rng(0)
+    n = 9
+    feats = torch.from_numpy(rng.standard_normal((n, 128)).astype(np.float32))
+    toks = head.vocab[rng.integers(0, len(head.vocab), n)].tolist()
+    pos = np.arange(100, 100 + n)
+
+    def causal(rows):   # a step over `rows` of the pairs, each seeing the ring up to itself
+        p = pos[rows]
+        mask = np.zeros((len(rows), WINDOW + TREE), bool)
+        seen = np.full(WINDOW, -1)
+        seen[pos[:rows[-1] + 1] % WINDOW] = pos[:rows[-1] + 1]
+        mask[:, :WINDOW] = (seen[None] >= 0) & (seen[None] <= p[:, None])
+        return head.step(feats[rows], [toks[i] for i in rows], p, p % WINDOW, mask)[0].clone()
+
+    whole = causal(list(range(n)))
+    head.k.zero_()
+    head.v.zero_()
+    parts = [causal([0, 1, 2]), causal([3]), causal([4, 5, 6, 7, 8])]
+    torch.testing.assert_close(torch.cat(parts), whole, rtol=1e-4, atol=1e-4)
