@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 
 _BUCKETS = (1, 2, 4, 8, 16, 32)   # rows a step is padded to on a GPU (one CUDA graph each)
 _EXTRA = 4096                     # embedding rows for tokens outside the draft vocabulary
+_TOPK = 4                         # top guesses a step hands back for greedy drafting (>= branching)
 # The head's cache: the last WINDOW pairs of the committed text (a ring; older ones drop out) and
 # TREE rows for the nodes of a round's tree, the last a scratch row for padding.
 WINDOW, TREE = 1024, 128
@@ -81,7 +82,8 @@ class DraftHead:
     """A trained head with the target's frozen tables and its cache, on one device, ready to step."""
 
     def __init__(self, path: str | Path, target_gguf: str | Path, *, n_embd: int, vocab_size: int,
-                 device: str | None = None) -> None:
+                 device: str | None = None, dtype: torch.dtype | None = None) -> None:
+        """dtype: None picks it (bfloat16 on a GPU; on a CPU whichever steps faster here)."""
         path = Path(path).expanduser()
         meta, arrays = read_head(path)
         self._gguf = target_info(target_gguf)
@@ -94,7 +96,7 @@ class DraftHead:
         self.path, self.meta = path, meta
         dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.device = dev
-        self.dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+        self.dtype = dtype or (torch.bfloat16 if dev.type == "cuda" else torch.float32)
         self.vocab = arrays["vocab"].astype(np.int64)                          # [V_sub]
         emb, out, _ = target_tables(self._gguf, self.vocab, emb_rows=self.vocab)   # [V_sub, d] each
         self.shape = shape = HeadShape.from_json(meta["shape"])
@@ -116,10 +118,9 @@ class DraftHead:
         self.v = torch.zeros_like(self.k)
         # On a GPU a step is ~40 small kernels: replayed as one CUDA graph per row bucket
         self._graphs: dict[int, tuple] = {}
-        self._host: dict[int, tuple] = {}          # a bucket's host inputs, filled in place
         self._pad = self._padded(_BUCKETS[-1])     # padding rows' inputs
         self.graphs = dev.type == "cuda"
-        if dev.type == "cpu":
+        if dev.type == "cpu" and dtype is None:
             self._pick_dtype()
 
     def _pick_dtype(self) -> None:
@@ -127,27 +128,32 @@ class DraftHead:
         of 8 rows in about the time of one, at half the bytes), else float32: measured, fastest of
         three 8-row steps each (docs/decisions/0024). Drafting needs no more precision: the
         target checks every token."""
-        timings = {}
-        for dtype in (torch.float32, torch.bfloat16):
-            self._cast(dtype)
-            timings[dtype] = min(self.measure((8,), reps=2)[8] for _ in range(2))
-        self._cast(min(timings, key=timings.get))
-
-    def _cast(self, dtype: torch.dtype) -> None:
-        self.dtype = dtype
-        self.net.to(dtype=dtype)
-        self.emb, self.out = self.emb.to(dtype), self.out.to(dtype)
-        self.k, self.v = self.k.to(dtype), self.v.to(dtype)
+        tensors = (self.emb, self.out, self.k, self.v)
+        weights = {k: v.clone() for k, v in self.net.state_dict().items()}
+        f32 = min(self.measure((8,), reps=2)[8] for _ in range(2))
+        self.dtype = torch.bfloat16
+        self.net.to(dtype=self.dtype)
+        self.emb, self.out, self.k, self.v = (t.to(self.dtype) for t in tensors)
+        if min(self.measure((8,), reps=2)[8] for _ in range(2)) >= f32:   # back, unrounded
+            self.dtype = torch.float32
+            self.net.to(dtype=self.dtype).load_state_dict(weights)
+            self.emb, self.out, self.k, self.v = tensors
 
     @torch.inference_mode()
-    def _run(self, f, ids, pos, slots, mask) -> tuple[torch.Tensor, torch.Tensor]:
+    def _run(self, f, idx, mask) -> tuple[torch.Tensor, ...]:
+        """idx [3, n]: embedding rows, positions and cache rows of the pairs. The next-token
+        logits, and for greedy drafting their top _TOPK as full-softmax probabilities and draft
+        indices (computed here, so a GPU step replays them in its graph)."""
         net = self.net
-        u = net.inputs(f, self.emb[ids])                                       # [n, d]
-        q, k, v = net.qkv(u[None], pos[None])                                  # [1, n, ., hd]
-        self.k[0].index_copy_(0, slots, k[0])
-        self.v[0].index_copy_(0, slots, v[0])
+        u = net.inputs(f, self.emb[idx[0]])                                    # [n, d]
+        q, k, v = net.qkv(u[None], idx[1][None])                               # [1, n, ., hd]
+        self.k[0].index_copy_(0, idx[2], k[0])
+        self.v[0].index_copy_(0, idx[2], v[0])
         state = net.finish(u, attend(q, self.k, self.v, mask[None])[0])
-        return state, (state @ self.out.T).float()
+        logits = (state @ self.out.T).float()                                  # [n, V_sub]
+        top = logits.topk(min(_TOPK, logits.shape[1]), dim=-1)
+        probs = (top.values - logits.logsumexp(-1, keepdim=True)).exp()
+        return state, logits, probs, top.indices
 
     def _slots(self, tokens: Sequence[int]) -> np.ndarray:
         """Embedding rows of `tokens`, bringing in the rows of tokens outside the draft vocabulary."""
@@ -171,18 +177,17 @@ class DraftHead:
 
     @torch.inference_mode()
     def step(self, f: torch.Tensor, tokens: Sequence[int], pos: np.ndarray, slots: np.ndarray,
-             mask: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+             mask: np.ndarray) -> tuple[torch.Tensor, ...]:
         """One batch of pairs: f [n, d] states before `tokens` [n] at positions `pos` [n]; their
         keys go to cache rows `slots` [n]; row i attends to the cache rows `mask[i]` [n, rows]
-        marks (its own included). (states after the tokens [n, d], logits [n, V_sub] f32); on a
-        GPU both are views of a graph's buffers, valid until the next step of that size."""
+        marks (its own included). (states after the tokens [n, d], logits [n, V_sub] f32, top
+        probabilities and indices [n, _TOPK]); on a GPU views of a graph's buffers, valid until
+        the next step of that size."""
         n = len(tokens)
-        ids = torch.from_numpy(self._slots(tokens))
+        ids = self._slots(tokens)
         if not self.graphs or n > _BUCKETS[-1]:
-            dev = self.device
-            return self._run(f, ids.to(dev), torch.from_numpy(np.asarray(pos, np.int64)).to(dev),
-                             torch.from_numpy(np.asarray(slots, np.int64)).to(dev),
-                             torch.from_numpy(mask).to(dev))
+            idx = torch.from_numpy(np.stack([ids, np.asarray(pos, np.int64), np.asarray(slots, np.int64)]))
+            return self._run(f, idx.to(self.device), torch.from_numpy(mask).to(self.device))
         rows = next(b for b in _BUCKETS if b >= n)
         g = self._graphs.get(rows)
         if g is None:
@@ -191,31 +196,35 @@ class DraftHead:
             except RuntimeError:   # a card or build that cannot capture: eager steps (slower)
                 self.graphs = False
                 return self.step(f, tokens, pos, slots, mask)
-        graph, (f_in, ids_in, pos_in, slots_in, mask_in), state, logits = g
-        # every row's inputs, the padding rows' too: stale slots from a bigger step would write there
-        host_pos, host_slots, host_mask = self._host[rows]
-        host_pos[:n], host_slots[:n], host_mask[:n] = pos, slots, mask
-        host_pos[n:], host_slots[n:], host_mask[n:] = self._pad[0][n:rows], self._pad[1][n:rows], self._pad[2][n:rows]
+        graph, (f_in, idx_in, mask_in), (idx_host, mask_host), outs = g
+        # every row's inputs, the padding rows' too (stale cache rows from a bigger step would be
+        # written there), into pinned host buffers: two asynchronous copies
+        idx_np, mask_np = idx_host.numpy(), mask_host.numpy()
+        idx_np[0, :n], idx_np[1, :n], idx_np[2, :n] = ids, pos, slots
+        idx_np[:, n:] = self._pad[0][:, n:rows]
+        mask_np[:n], mask_np[n:] = mask, self._pad[1][n:rows]
         f_in[:n].copy_(f)
-        ids_in[:n].copy_(ids)
-        pos_in.copy_(torch.from_numpy(host_pos))
-        slots_in.copy_(torch.from_numpy(host_slots))
-        mask_in.copy_(torch.from_numpy(host_mask))
+        idx_in.copy_(idx_host, non_blocking=True)
+        mask_in.copy_(mask_host, non_blocking=True)
         graph.replay()
-        return state[:n], logits[:n]
+        return tuple(o[:n] for o in outs)
 
-    def _padded(self, rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Host inputs of `rows` padding rows: each writes its key to the scratch row and sees it alone."""
+    def _padded(self, rows: int) -> tuple[np.ndarray, np.ndarray]:
+        """Inputs of `rows` padding rows (idx [3, rows], mask [rows, cache rows]): each writes its
+        key to the scratch row and sees it alone."""
         total = WINDOW + TREE
         mask = np.zeros((rows, total), bool)
         mask[:, total - 1] = True
-        return np.zeros(rows, np.int64), np.full(rows, total - 1, np.int64), mask
+        idx = np.zeros((3, rows), np.int64)
+        idx[2] = total - 1
+        return idx, mask
 
     def _capture(self, rows: int) -> tuple:
         dev = self.device
-        pos, slots, mask = (torch.from_numpy(a).to(dev) for a in self._padded(rows))
+        idx, mask = self._padded(rows)
+        host = (torch.from_numpy(idx).pin_memory(), torch.from_numpy(mask).pin_memory())
         ins = (torch.zeros(rows, self.out.shape[1], device=dev, dtype=self.dtype),
-               torch.zeros(rows, dtype=torch.int64, device=dev), pos, slots, mask)
+               host[0].to(dev), host[1].to(dev))
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -224,9 +233,8 @@ class DraftHead:
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            state, logits = self._run(*ins)
-        self._graphs[rows] = (graph, ins, state, logits)
-        self._host[rows] = self._padded(rows)
+            outs = self._run(*ins)
+        self._graphs[rows] = (graph, ins, host, outs)
         return self._graphs[rows]
 
     def measure(self, sizes: Sequence[int] = (1, 2, 4, 8), reps: int = 5) -> dict[int, float]:
@@ -242,9 +250,9 @@ class DraftHead:
                 mask = np.zeros((n, WINDOW + TREE), bool)
                 mask[:, :WINDOW] = True
                 mask[np.arange(n), WINDOW + np.arange(n)] = True
-                _, logits = self.step(f, [(1000 + 7 * i) % self.vocab_size for i in range(n)],
+                _, _, probs, top = self.step(f, [(1000 + 7 * i) % self.vocab_size for i in range(n)],
                                       np.arange(n) + WINDOW, WINDOW + np.arange(n), mask)
-                greedy_rows(logits, 2)
+                torch.cat([probs, top.float()], 1).cpu()   # what greedy drafting reads back
                 sync()
                 if rep:
                     best[n] = min(best[n], time.perf_counter() - t)
@@ -346,10 +354,10 @@ class HeadDrafter:
             seen = self._slot_pos[None, :]
             mask[:, :WINDOW] = (seen >= 0) & (seen <= p[:, None]) & (seen > p[:, None] - WINDOW)
             f = torch.from_numpy(feats[a:a + _BUCKETS[-1]]).to(head.device, head.dtype)
-            state, logits = head.step(f, toks[a:a + _BUCKETS[-1]], p, ring, mask)
+            state, *outs = head.step(f, toks[a:a + _BUCKETS[-1]], p, ring, mask)
         self._root_pos = int(pos[-1])
         self._state[0] = state[-1].clone()   # a graph's buffer on a GPU: the next step reuses it
-        return self._dists(logits[-1:])[0]
+        return self._dists(*(o[-1:] for o in outs))[0]
 
     def evaluate(self, tree: DraftTree, nodes: Sequence[int]) -> list[Dist]:
         """Nodes whose parents have a state step together; a node checked along below another
@@ -369,10 +377,10 @@ class HeadDrafter:
             mask[:, :WINDOW] = ctx
             mask[:, WINDOW:] = self._anc[idx]
             parents = torch.stack([self._state[int(p)] for p in par])                    # [r, d]
-            states, logits = self.head.step(parents, [int(tree.tokens[n]) for n in ready],
+            states, *outs = self.head.step(parents, [int(tree.tokens[n]) for n in ready],
                                             self._root_pos + tree.depth[idx].astype(np.int64), WINDOW + idx, mask)
             states = states.clone()
-            for i, (n, dist) in enumerate(zip(ready, self._dists(logits))):
+            for i, (n, dist) in enumerate(zip(ready, self._dists(*outs))):
                 self._state[n] = states[i]
                 out[n] = dist
             pending = [n for n in pending if n not in out]
@@ -381,10 +389,16 @@ class HeadDrafter:
     def rollback(self) -> None:
         self._state.clear()
 
-    def _dists(self, logits: torch.Tensor) -> list[Dist]:
-        """Distributions over the draft vocabulary, in target token ids (zero mass elsewhere)."""
+    def _dists(self, logits: torch.Tensor, probs: torch.Tensor, top: torch.Tensor) -> list[Dist]:
+        """Distributions over the draft vocabulary, in target token ids (zero mass elsewhere):
+        greedy, the step's own top guesses (one copy back); sampling, from the logits."""
+        b = self.limits.branching
+        vocab = self.head.vocab
+        if self._sampling.greedy and b <= top.shape[1]:
+            both = torch.cat([probs[:, :b], top[:, :b].float()], 1).cpu().numpy().astype(np.float64)
+            return [Dist(vocab[row[b:].astype(np.int64)], row[:b]) for row in both]
         if self._sampling.greedy:
-            dists = greedy_rows(logits, self.limits.branching)
+            dists = greedy_rows(logits, b)
         else:
             dists = process_rows(logits, self._sampling)
         vocab = self.head.vocab
