@@ -18,7 +18,10 @@ from test_greedy_equality import PROMPTS as GREEDY_PROMPTS
 CURVE = {1: 1e-3, 2: 1.02e-3, 4: 1.05e-3, 8: 1.1e-3, 16: 1.3e-3, 32: 1.6e-3}   # GPU-like: flat
 DRAFT = {1: 1e-4, 2: 1.1e-4, 4: 1.2e-4, 8: 1.3e-4}
 MAX_TOKENS = 120
-PROMPTS = [PROMPT] + [text for kind, text in GREEDY_PROMPTS if kind == "raw"]
+# (the tiny models are trained on each machine, and where their continuations end differs: the
+# last prompt ran longest of those tried on a machine where the others all ended within 16 rounds)
+PROMPTS = [PROMPT] + [text for kind, text in GREEDY_PROMPTS if kind == "raw"] + [
+    "def largest(numbers):\n    best = numbers[0]\n"]
 MODES = {Shapes.FREE: (False, Costs(CURVE, DRAFT)),
          Shapes.BUCKETS: (True, Costs(CURVE, DRAFT, switch=4e-4)),
          Shapes.STABLE: (True, Costs(CURVE, DRAFT, switch=3e-3))}
