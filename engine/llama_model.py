@@ -75,10 +75,15 @@ class LlamaModel:
 
     def __init__(self, path: str | Path, *, n_ctx: int = 4096, n_batch: int = 512,
                  n_seq_max: int = 64, n_gpu_layers: int = -1, n_threads: int | None = None,
-                 n_pad_seqs: int = 0, hidden: bool = False, exact: bool = False) -> None:
+                 n_pad_seqs: int = 0, hidden: bool = False, exact: bool = False,
+                 unified: bool = True) -> None:
         """n_seq_max: sequence ids 0..n_seq_max-1 for the caller; n_pad_seqs more after them are
         reserved for padding (decode's pad_to). hidden: every decode also hands back the final
         hidden state of each row with logits (`hidden_row`), what a draft head drafts from.
+        unified: one KV cache that every sequence shares (what tree verification needs: seq_cp
+        tags the context with every path); False splits n_ctx into one stream per sequence, so
+        a row attends over its own sequence's cells only (many independent sequences at once:
+        training a head on the target's continuations).
 
         exact: batch-invariant numerics, CPU only. Each row of a batch gets the logits it would
         get decoded alone, bit for bit, so verifying a draft tree computes what plain decoding
@@ -133,7 +138,7 @@ class LlamaModel:
         cparams.n_batch = n_batch
         cparams.n_ubatch = n_batch
         cparams.n_seq_max = n_seq_max + n_pad_seqs
-        cparams.kv_unified = True
+        cparams.kv_unified = unified
         cparams.no_perf = True
         if exact:
             cparams.flash_attn_type = lc.LLAMA_FLASH_ATTN_TYPE_ENABLED
