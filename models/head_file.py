@@ -19,6 +19,10 @@ import numpy as np
 from localspec.models.errors import LocalspecError
 
 FORMAT = "localspec-head-2"   # 2: one attention layer over the head's own past (1: no attention)
+# A head's arrays, unpacked: ~80 MB for the reference target's shape, ~0.6 GB for an 8B one; a
+# file claiming far more is refused before anything is read into memory (a .npz is a zip: its
+# entries say their sizes).
+MAX_HEAD_BYTES = 2 << 30
 ARRAYS = ("w_in", "attn_norm", "wq", "wk", "wv", "wo", "mlp_norm", "w_gate", "w_up", "w_down", "norm")
 
 
@@ -46,6 +50,11 @@ def read_meta(path: Path) -> dict:
 def read_head(path: Path, arrays: bool = True) -> tuple[dict, dict[str, np.ndarray]]:
     """A head file's meta (checked to be this format) and arrays; a clear error for anything else."""
     try:
+        with zipfile.ZipFile(path) as zf:
+            unpacked = sum(i.file_size for i in zf.infolist())
+        if unpacked > MAX_HEAD_BYTES:
+            raise bad_head(path, f"its arrays would take {unpacked / 2**30:.1f} GiB "
+                                 f"(a head takes well under {MAX_HEAD_BYTES >> 30} GiB)")
         with np.load(path, allow_pickle=False) as z:
             meta = json.loads(str(z["meta"]))
             if not isinstance(meta, dict):

@@ -35,7 +35,7 @@ from ..distribution import Dist
 from ..errors import LocalspecError
 from ..tree import DraftTree
 from .grow import GrowLimits, grow
-from .head_net import HeadNet, HeadShape, attend
+from .head_net import HeadNet, HeadShape, attend, shape_problem
 from .torch_draft import greedy_rows, process_rows
 
 if TYPE_CHECKING:
@@ -93,6 +93,9 @@ class DraftHead:
                                  f"{vocab_size} tokens")
         if meta.get("target_id") != fingerprint(self._gguf):
             raise bad_head(path, f"made for another target, {made_for}, not '{self._gguf.path.name}'")
+        problem = shape_problem(meta, arrays, n_embd, vocab_size)
+        if problem:
+            raise bad_head(path, problem)
         self.path, self.meta = path, meta
         dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.device = dev

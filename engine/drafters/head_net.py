@@ -58,6 +58,38 @@ class HeadShape:
         return cls(**{k: d[k] for k in ("d", "heads", "kv_heads", "head_dim", "ff", "rope_base")})
 
 
+def expected_shapes(shape: HeadShape) -> dict[str, tuple[int, ...]]:
+    """Each array's shape in a head file of this `shape` (models/head_file.py)."""
+    d, qd, kvd, ff = shape.d, shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim, shape.ff
+    return {"w_in": (d, 2 * d), "attn_norm": (d,), "wq": (qd, d), "wk": (kvd, d), "wv": (kvd, d),
+            "wo": (d, qd), "mlp_norm": (d,), "w_gate": (ff, d), "w_up": (ff, d), "w_down": (d, ff),
+            "norm": (d,)}
+
+
+def shape_problem(meta: dict, arrays: dict[str, np.ndarray], n_embd: int, vocab_size: int) -> str | None:
+    """What makes a head file's layer unusable for a target of this size, or None: its shape
+    as the meta claims it, checked against the arrays (nothing is allocated from a claim)."""
+    try:
+        shape = HeadShape.from_json(meta["shape"])
+        if not all(isinstance(v, int) and v > 0 for v in (shape.heads, shape.kv_heads, shape.head_dim, shape.ff)):
+            return f"its layer's shape {meta['shape']} is not positive integers"
+    except (KeyError, TypeError, AttributeError):
+        return "its meta has no layer shape"
+    if shape.d != n_embd or shape.heads % shape.kv_heads:
+        return f"its layer's shape {shape.to_json()} does not fit a target {n_embd} wide"
+    for name, want in expected_shapes(shape).items():
+        if arrays[name].dtype.kind != "f":
+            return f"array {name} holds {arrays[name].dtype}, not floats"
+        if arrays[name].shape != want:
+            return f"array {name} is {arrays[name].shape}, its shape says {want}"
+    vocab = arrays["vocab"]
+    if vocab.ndim != 1 or not vocab.size or vocab.dtype.kind not in "iu":
+        return "its draft vocabulary is not a list of token ids"
+    if vocab.min() < 0 or vocab.max() >= vocab_size or np.any(np.diff(vocab.astype(np.int64)) <= 0):
+        return f"its draft vocabulary is not ascending token ids below {vocab_size}"
+    return None
+
+
 def rope(x: torch.Tensor, pos: torch.Tensor, base: float) -> torch.Tensor:
     """Rotary positions (rotate-half form): x [..., n, heads, hd], pos [..., n]."""
     hd = x.shape[-1]
