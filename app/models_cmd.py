@@ -151,7 +151,7 @@ def _head_line(row: library.ModelListing) -> str:
 
     found = heads.head_for(row.model.target.path) if not row.missing else None
     if found is None:
-        return f"- (train one: localspec head train --model {row.name} --text DIR)"
+        return f"- (train one: localspec head train --model {row.name})"
     try:
         meta = read_meta(found)       # the meta alone: no weights read
     except LocalspecError as err:      # unreadable, or from an older localspec: say so, list on

@@ -12,19 +12,49 @@
    small one pulling each predicted state to the target's. The draft vocabulary is the
    `vocab_size` tokens the target chose most often. Held out: whole files.
 
-Nothing leaves the machine: the text is the user's (files they name); the head is written next
-to the models. Training wants a GPU; on a CPU it runs, slowly, at a small scale (the tests).
+Nothing leaves the machine: the text is on it (the files the user names, their chat history,
+the Python sources installed: app/head_sources.py); the head is written next to the models. Training wants a GPU; on a CPU it runs, slowly, at a small scale (the tests).
+Each phase reports where it stands as `Progress` events, often (every chunk, generation step or
+training step: a bar moves smoothly) and cheaply (no GPU sync between milestones); the app turns
+them into a line on a terminal or into a log's lines (app/head_progress.py): the engine never
+prints.
 """
 from __future__ import annotations
 
 import math
+import os
 import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Sequence
+from typing import Callable, Collection, Iterable, Iterator, Literal, Sequence
 
 import numpy as np
+
+Phase = Literal["reading", "generating", "training"]
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Where head training stands. `milestone`: a point a log keeps a line for (every 50 chunks
+    read, each batch of continuations, each held-out measurement); the events between only move
+    a progress bar. `note`: something said once (resumed from a checkpoint, steps fitted to the
+    time limit)."""
+    phase: Phase
+    done: int                  # tokens read or generated; training steps taken
+    total: int                 # the phase's target: tokens to read or generate; steps
+    rate: float = 0.0          # `done` per second in this phase so far
+    loss: float | None = None  # training, at a milestone
+    held_out_top1: tuple[float, ...] = ()   # training: the latest held-out measurement, by tree depth
+    milestone: bool = False
+    note: str = ""
+
+
+ProgressFn = Callable[[Progress], None]
+
+
+def _quiet(event: Progress) -> None:
+    pass
 
 
 @dataclass
@@ -35,20 +65,31 @@ class Corpus:
     source: np.ndarray     # [N] int32, which file (the held-out split is by file)
 
 
-def text_files(roots: Iterable[str | Path], suffixes: Sequence[str] = (".py", ".md", ".txt", ".rst")
-               ) -> list[Path]:
+# Folders below a root never read: caches, other environments' packages (a project's .venv holds
+# a copy of site-packages, which is not the user's code), and hidden ones (.git, .venv, .tox).
+SKIP_DIRS = frozenset({"__pycache__", "node_modules", "site-packages", "dist-packages"})
+
+
+def text_files(roots: Iterable[str | Path], suffixes: Sequence[str] = (".py", ".md", ".txt", ".rst"),
+               skip_dirs: Collection[str] = SKIP_DIRS) -> list[Path]:
+    """The files with one of `suffixes` under each root (a root that is a file: itself), sorted
+    per root; folders named in `skip_dirs`, or hidden, below a root are not entered."""
     out: list[Path] = []
     for root in roots:
         root = Path(root).expanduser()
         if root.is_file():
             out.append(root)
-        elif root.is_dir():
-            out += sorted(p for p in root.rglob("*") if p.suffix in suffixes and p.is_file())
+            continue
+        found = []
+        for folder, dirs, names in os.walk(root):
+            dirs[:] = [d for d in dirs if d not in skip_dirs and not d.startswith(".")]
+            found += [Path(folder, f) for f in names if Path(f).suffix in suffixes]
+        out += sorted(p for p in found if p.is_file())
     return out
 
 
 def collect(model, texts: Iterable[tuple[int, str]], max_tokens: int, chunk: int = 512,
-            progress: Callable[[str], None] = lambda s: None) -> Corpus:
+            progress: ProgressFn = _quiet) -> Corpus:
     """Run the target (a LlamaModel opened with hidden=True) over `texts` ((file id, text)
     pairs), `chunk` tokens at a time from an empty cache, until `max_tokens`."""
     if not model.hidden:
@@ -78,8 +119,7 @@ def collect(model, texts: Iterable[tuple[int, str]], max_tokens: int, chunk: int
             source[n:n + m] = file_id
             n += m
             c += 1
-            if c % 50 == 0:
-                progress(f"collected {n} tokens ({n / (time.time() - t0):.0f}/s)")
+            progress(Progress("reading", n, max_tokens, n / max(time.time() - t0, 1e-9), milestone=c % 50 == 0))
         if n >= max_tokens - 8:
             break
     model.clear()
@@ -111,7 +151,7 @@ def function_prompts(texts: Iterable[tuple[int, str]], context_lines: int = 30) 
 
 
 def generate_corpus(model, prompts: Iterable[tuple[int, str]], max_tokens: int, gen_tokens: int = 128,
-                    prompt_tokens: int = 384, progress: Callable[[str], None] = lambda s: None,
+                    prompt_tokens: int = 384, progress: ProgressFn = _quiet,
                     out_all: np.ndarray | None = None) -> Corpus:
     """The target's own greedy continuations of `prompts`, `model.n_seq_max` at a time in one
     batch per step (a LlamaModel opened with hidden=True): per token fed, the hidden state after
@@ -168,6 +208,8 @@ def generate_corpus(model, prompts: Iterable[tuple[int, str]], max_tokens: int, 
                     alive[r] = not model.is_eog(nxt[r])
             cur = nxt
             pos = [p + 1 for p in pos]
+            now = n + sum(map(len, fed))
+            progress(Progress("generating", min(now, max_tokens), max_tokens, now / max(time.time() - t0, 1e-9)))
             if not any(alive) or sum(pos) + 2 * len(group) >= model.n_ctx:   # the shared cache is full
                 break
         for r in range(len(group)):
@@ -180,7 +222,7 @@ def generate_corpus(model, prompts: Iterable[tuple[int, str]], max_tokens: int, 
             source_of[n:n + m] = files[r]
             n += m
             c += 1
-        progress(f"generated {n} tokens ({n / (time.time() - t0):.0f}/s)")
+        progress(Progress("generating", n, max_tokens, n / max(time.time() - t0, 1e-9), milestone=True))
     model.clear()
     return Corpus(tokens[:n], hidden[:n], chunk_of[:n], source_of[:n])
 
@@ -215,7 +257,7 @@ def _pass_masks(length: int, passes: int, device) -> list:
 def train(corpus: Corpus, target_gguf: Path, out: Path, *, vocab_size: int = 32768,
           steps: int = 3000, batch: int = 32, length: int = 256, passes: int = 3, lr: float = 1e-3,
           feature_weight: float = 0.1, ff: int | None = None, device: str | None = None, seed: int = 0,
-          progress: Callable[[str], None] = lambda s: None, meta: dict | None = None,
+          progress: ProgressFn = _quiet, meta: dict | None = None,
           tables: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
           checkpoint: Path | None = None, checkpoint_every: int = 500, seconds: float | None = None) -> dict:
     """Train a head on `corpus` and write it to `out`; what training measured (how often the
@@ -362,9 +404,10 @@ def train(corpus: Corpus, target_gguf: Path, out: Path, *, vocab_size: int = 327
             opt.load_state_dict(saved["opt"])
             sched.load_state_dict(saved["sched"])
             first = int(saved["step"])
-            progress(f"resumed at step {first} from {checkpoint}")
+            progress(Progress("training", first, steps, note=f"resumed at step {first} from {checkpoint}"))
         else:
-            progress(f"{checkpoint} was made with other settings or text: starting over")
+            progress(Progress("training", first, steps,
+                              note=f"{checkpoint} was made with other settings or text: starting over"))
     train_t = torch.from_numpy(train_starts).to(dev)
     t0 = t_start = time.time()
     acc: list[float] = []
@@ -379,7 +422,8 @@ def train(corpus: Corpus, target_gguf: Path, out: Path, *, vocab_size: int = 327
             fit = step + int(rate * max(seconds - (time.time() - t_start), 0))
             if fit < plan["steps"]:
                 plan["steps"] = max(step + 1, fit)
-                progress(f"{plan['steps']} steps fit in {seconds:.0f} s ({rate:.1f} steps/s)")
+                progress(Progress("training", step, plan["steps"], rate, held_out_top1=tuple(acc),
+                                  note=f"{plan['steps']} steps fit in {seconds:.0f} s ({rate:.1f} steps/s)"))
         steps = plan["steps"]
         s = train_t[torch.randint(0, train_t.numel(), (batch,), device=dev)]
         loss, _ = losses(s)
@@ -389,11 +433,12 @@ def train(corpus: Corpus, target_gguf: Path, out: Path, *, vocab_size: int = 327
         opt.step()
         sched.step()
         step = done = step + 1
-        if done % checkpoint_every == 0 or done == steps:
+        rate = (done - first) / max(time.time() - t0, 1e-9)   # (no GPU sync here: the queue runs on)
+        if done % checkpoint_every != 0 and done != steps:
+            progress(Progress("training", done, steps, rate, held_out_top1=tuple(acc)))
+        else:
             acc = held_out()
-            rate = (done - first) / max(time.time() - t0, 1e-9)
-            progress(f"step {done}/{steps} loss {float(loss.detach()):.3f} held-out top-1 by depth "
-                     f"{acc} ({rate:.1f} steps/s, {(steps - done) / rate:.0f} s left)")
+            progress(Progress("training", done, steps, rate, float(loss.detach()), tuple(acc), milestone=True))
             if checkpoint is not None and done < steps:
                 tmp = checkpoint.with_name(checkpoint.name + ".tmp")
                 torch.save({"settings": settings, "net": net.state_dict(), "opt": opt.state_dict(),

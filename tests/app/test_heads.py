@@ -122,8 +122,9 @@ def test_head_train_installs_the_head_for_an_installed_model_by_default(data, ti
     text = tmp_path / "notes"
     text.mkdir()
     (text / "a.py").write_text("def add(a, b):\n    return a + b\n" * 40)
-    args = build_parser().parse_args(["head", "train", "--model", "tiny", "--text", str(text),
-                                      "--max-tokens", "256", "--generated-tokens", "0", "--ctx", "128"])
+    args = build_parser().parse_args(["head", "train", "--model", "tiny", "--text", str(text), "--no-history",
+                                      "--no-stdlib", "--no-site-packages", "--max-tokens", "256",
+                                      "--generated-tokens", "0", "--ctx", "128"])
     assert args.out is None and args.run(args) == 0
     assert heads.head_for(tiny.target_gguf) == heads.default_head_path(tiny.target_gguf)
     assert "tiny drafts with it from now on" in capsys.readouterr().out
@@ -149,7 +150,7 @@ def test_list_shows_each_models_head_and_rm_removes_it_with_the_last_model_of_it
     assert models_cmd.cmd_list(argparse.Namespace()) == 0
     listed = capsys.readouterr().out
     assert listed.count(f"head   {head} (held-out top-1 0.62)") == 2
-    assert "head   - (train one: localspec head train --model d --text DIR)" in listed
+    assert "head   - (train one: localspec head train --model d)" in listed
 
     models_cmd.cmd_rm(argparse.Namespace(name="a"))
     assert head.is_file() and "draft head" not in capsys.readouterr().out   # b still has these weights

@@ -19,6 +19,8 @@ from localspec.engine.llama_model import LlamaModel
 from localspec.engine.session import Session
 from localspec.engine.options import Options
 
+ONLY_TEXT = ("--no-history", "--no-stdlib", "--no-site-packages")   # `head train` on --text alone
+
 
 def test_hidden_states_are_the_output_matrix_input_and_leave_logits_alone(tiny):
     plain = LlamaModel(tiny.target_gguf, n_ctx=256, n_batch=64, n_threads=1)
@@ -62,8 +64,9 @@ def test_cli_trains_and_describes_a_head(tiny, tmp_path):
     (text / "a.py").write_text("def add(a, b):\n    return a + b\n" * 40)
     out = tmp_path / "h.npz"
     run = subprocess.run([sys.executable, "-m", "localspec.app.cli", "head", "train", "--model",
-                          str(tiny.target_gguf), "--text", str(text), "--out", str(out), "--steps", "20",
-                          "--batch", "64", "--ctx", "128"], capture_output=True, text=True, timeout=300)
+                          str(tiny.target_gguf), "--text", str(text), *ONLY_TEXT, "--out", str(out),
+                          "--steps", "20", "--batch", "64", "--ctx", "128"],
+                         capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     assert out.exists() and "held-out top-1" in run.stdout
     info = subprocess.run([sys.executable, "-m", "localspec.app.cli", "head", "info", str(out)],
@@ -90,8 +93,8 @@ def test_head_train_dequantises_the_target_tables_once(tiny, tmp_path, monkeypat
     monkeypatch.setattr(head, "tensor_rows", counted)
     out = tmp_path / "h.npz"
     args = build_parser().parse_args(["head", "train", "--model", str(tiny.target_gguf), "--text", str(text),
-                                      "--out", str(out), "--max-tokens", "2000", "--generated-tokens", "300",
-                                      "--parallel", "4", "--steps", "20", "--batch", "64", "--ctx", "128"])
+                                      *ONLY_TEXT, "--out", str(out), "--max-tokens", "2000",
+                                      "--generated-tokens", "300", "--parallel", "4", "--steps", "20", "--batch", "64", "--ctx", "128"])
     assert args.run(args) == 0 and out.exists()
     assert sorted(whole) == ["output.weight", "output_norm.weight", "token_embd.weight"]
 
@@ -107,7 +110,7 @@ def test_cli_names_the_fix_for_bad_training_input(tiny, tmp_path):
                       (["--text", str(short), "--out", str(tmp_path / "h.npz"), "--generated-tokens", "0"],
                        "Name more text")):
         run = subprocess.run([sys.executable, "-m", "localspec.app.cli", "head", "train", "--model",
-                              str(tiny.target_gguf), *args], capture_output=True, text=True, timeout=120)
+                              str(tiny.target_gguf), *ONLY_TEXT, *args], capture_output=True, text=True, timeout=120)
         assert run.returncode == 2 and fix in run.stderr, run.stderr
 
 
