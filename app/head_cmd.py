@@ -120,7 +120,7 @@ def _train(args: argparse.Namespace) -> int:
             tables = target_tables(model, None)
             width = max(1, min(args.parallel, 128))
             target = LlamaModel(model, n_ctx=width * (_PROMPT + _GEN), n_batch=max(512, width),
-                                n_seq_max=width, hidden=True)
+                                n_seq_max=width, hidden=True, unified=False)   # a stream each
             try:
                 parts.append(generate_corpus(target, itertools.chain([first], prompts), args.generated_tokens,
                                              gen_tokens=_GEN, prompt_tokens=_PROMPT, progress=report,

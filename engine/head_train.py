@@ -21,6 +21,7 @@ prints.
 """
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import re
@@ -175,7 +176,9 @@ def generate_corpus(model, prompts: Iterable[tuple[int, str]], max_tokens: int, 
     source_of = np.zeros(max_tokens, np.int32)
     n = c = 0
     t0 = time.time()
-    source = iter(prompts)
+    # a target that ends nearly every continuation at once would walk every prompt there is:
+    # four times the prompts the tokens asked for fill, at most
+    source = itertools.islice(prompts, max(width, 4 * max_tokens // max(gen_tokens, 1)))
     state = np.zeros((width, d), np.float32)
     while n < max_tokens:
         group, files = [], []
@@ -434,21 +437,23 @@ def train(corpus: Corpus, target_gguf: Path, out: Path, *, vocab_size: int = 327
         sched.step()
         step = done = step + 1
         rate = (done - first) / max(time.time() - t0, 1e-9)   # (no GPU sync here: the queue runs on)
-        if done % checkpoint_every != 0 and done != steps:
+        if done % checkpoint_every != 0 and done != steps and done != first + 100:   # (a first look early)
             progress(Progress("training", done, steps, rate, held_out_top1=tuple(acc)))
         else:
             acc = held_out()
             progress(Progress("training", done, steps, rate, float(loss.detach()), tuple(acc), milestone=True))
-            if checkpoint is not None and done < steps:
+            if checkpoint is not None and done < steps and done % checkpoint_every == 0:
                 tmp = checkpoint.with_name(checkpoint.name + ".tmp")
                 torch.save({"settings": settings, "net": net.state_dict(), "opt": opt.state_dict(),
                             "sched": sched.state_dict(), "step": done}, tmp)
                 tmp.replace(checkpoint)
     if not acc:
         acc = held_out()
+    held = f"{held_groups.size} of {groups.size} {'files' if group is corpus.source else 'chunks'}"
     info = {"n_embd": d, "vocab_size": full_vocab, "draft_vocab": k, "tokens": int(n),
+            "vocab_coverage": round(float(counts[vocab].sum() / max(1, counts.sum())), 4),
             "steps": plan["steps"], "passes": passes, "shape": shape.to_json(), "target_id": target_id,
-            "held_out": f"{held_groups.size} of {groups.size} {'files' if group is corpus.source else 'chunks'}", "held_out_top1": acc, **(meta or {})}
+            "held_out": held, "held_out_top1": acc, **(meta or {})}
     save_head(Path(out), net.arrays(), vocab, info)
     if checkpoint is not None:
         checkpoint.unlink(missing_ok=True)
