@@ -40,6 +40,9 @@ def add_head(sub: argparse._SubParsersAction) -> None:
     train.add_argument("--steps", type=int, default=3000)
     train.add_argument("--batch", type=int, default=32, help="windows of text a training step takes")
     train.add_argument("--length", type=int, default=256, help="tokens a window holds")
+    train.add_argument("--corpus", metavar="FILE.npz",
+                       help="keep what the target read and wrote here, and train from it when it is there "
+                            "(another shape or length of training on the same text, without reading it again)")
     train.add_argument("--minutes", type=float, help="a time limit for the training steps (after the target "
                                                       "has read the text): fewer steps if they would not fit")
     train.add_argument("--ff", type=int, help="the head's MLP width (default: 4 x the target's hidden size)")
@@ -73,12 +76,16 @@ def _train(args: argparse.Namespace) -> int:
     from localspec.engine import torch_lm  # noqa: F401  (torch before llama.cpp)
     from localspec.engine.drafters.head import target_tables
     from localspec.engine.llama_model import LlamaModel
-    from localspec.engine.head_train import collect, function_prompts, generate_corpus, join, train
+    from localspec.engine.head_train import (collect, function_prompts, generate_corpus, join, load_corpus,
+                                             save_corpus, train)
 
     from .head_progress import head_report
     from .head_sources import Choice, list_sources, reading_order, summary_lines
 
     model, out = _model_and_out(args)
+    kept = Path(args.corpus).expanduser() if args.corpus else None
+    if kept is not None and kept.exists():
+        return _train_on(args, model, out, *load_corpus(kept, _target_id(model)))
     choice = Choice.from_args(args)
     sources = list_sources(choice)
     order = reading_order(sources)   # a document's index: its file id (the held-out split is by file)
@@ -134,6 +141,9 @@ def _train(args: argparse.Namespace) -> int:
         if corpus is None or len(corpus.tokens) < 64:
             raise LocalspecError("Too little to learn from", f"{0 if corpus is None else len(corpus.tokens)} "
                                  f"tokens from {len(order)} files", "Name more text, or raise --max-tokens")
+        if kept is not None:
+            save_corpus(kept, corpus, {"target_id": _target_id(model), "text": described})
+            report.say(f"kept the corpus in {kept}")
         report.say(f"training on {len(corpus.tokens):,} tokens")
         try:
             info = train(corpus, model, out, vocab_size=args.draft_vocab, steps=args.steps, batch=args.batch,
@@ -144,11 +154,43 @@ def _train(args: argparse.Namespace) -> int:
         except ValueError as err:   # too little text to train on and to check the head on
             raise LocalspecError("Too little to learn from", str(err),
                                  "Name more text, or raise --max-tokens") from None
+    _wrote(args, out, info)
+    return 0
+
+
+def _target_id(model: Path) -> str:
+    from localspec.engine.drafters.head import target_info
+    from localspec.models.gguf_file import fingerprint
+
+    return fingerprint(target_info(model))
+
+
+def _train_on(args: argparse.Namespace, model: Path, out: Path, corpus, kept: dict) -> int:
+    """Training alone, on a corpus kept by an earlier run (--corpus)."""
+    from localspec.engine.head_train import train
+
+    from .head_progress import head_report
+
+    with head_report(sys.stderr) as report:
+        report.say(f"training on {len(corpus.tokens):,} tokens kept in {args.corpus}")
+        try:
+            info = train(corpus, model, out, vocab_size=args.draft_vocab, steps=args.steps, batch=args.batch,
+                         length=args.length, ff=args.ff,
+                         seconds=None if args.minutes is None else 60 * args.minutes,
+                         checkpoint=out.with_name(out.name + ".ckpt"), progress=report,
+                         meta={"target": model.name, "text": kept.get("text", [])})
+        except ValueError as err:
+            raise LocalspecError("Too little to learn from", str(err),
+                                 "Name more text, or raise --max-tokens") from None
+    _wrote(args, out, info)
+    return 0
+
+
+def _wrote(args: argparse.Namespace, out: Path, info: dict) -> None:
     print(f"wrote {out}: {info['tokens']} tokens, draft vocabulary {info['draft_vocab']}, "
           f"held-out top-1 by depth {info['held_out_top1']}")
     print(f"installed: {args.model} drafts with it from now on (--no-head turns it off for a run)"
           if args.out is None else f"use it with: --head {out}")
-    return 0
 
 
 def _tokens_per_doc(corpus, n_docs: int) -> list[int]:

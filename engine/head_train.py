@@ -230,6 +230,41 @@ def generate_corpus(model, prompts: Iterable[tuple[int, str]], max_tokens: int, 
     return Corpus(tokens[:n], hidden[:n], chunk_of[:n], source_of[:n])
 
 
+def save_corpus(path: Path, corpus: Corpus, meta: dict) -> None:
+    """Keep what the target read and wrote (its states included) for another training run on
+    the same text: uncompressed, written to a temporary file renamed over `path`."""
+    import json
+
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        np.savez(f, tokens=corpus.tokens, hidden=corpus.hidden, chunk=corpus.chunk, source=corpus.source,
+                 meta=np.array(json.dumps(meta)))
+    tmp.replace(path)
+
+
+def load_corpus(path: Path, target_id: str) -> tuple[Corpus, dict]:
+    """A corpus `save_corpus` wrote for the target whose fingerprint is `target_id`, and its meta."""
+    import json
+    import zipfile
+
+    from .errors import LocalspecError
+
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            meta = json.loads(str(z["meta"]))
+            corpus = Corpus(z["tokens"], z["hidden"], z["chunk"], z["source"])
+        n = len(corpus.tokens)
+        if not (len(corpus.hidden) == len(corpus.chunk) == len(corpus.source) == n) or corpus.hidden.ndim != 2:
+            raise ValueError("its arrays disagree in length")
+    except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile, EOFError) as err:
+        raise LocalspecError("Not a usable training corpus", f"'{path}': {type(err).__name__}: {err}",
+                             "Delete it (the next run reads the text again), or name another --corpus") from None
+    if not isinstance(meta, dict) or meta.get("target_id") != target_id:
+        raise LocalspecError("Training corpus of another target", f"'{path}' holds another model's states",
+                             "Delete it, or name another --corpus for this model")
+    return corpus, meta
+
+
 def join(*corpora: Corpus) -> Corpus:
     """One corpus of several (chunk ids kept apart)."""
     base, parts = 0, []

@@ -53,3 +53,39 @@ def test_training_reports_every_step_measures_at_milestones_and_resumes_from_its
     assert events[0].note == f"resumed at step 10 from {ckpt}" and events[1].done == 11
     assert [e.done for e in events if e.milestone] == [20, 30] and events[-1].done == events[-1].total == 30
     assert out.exists() and not ckpt.exists() and info["held_out_top1"] == list(events[-1].held_out_top1)
+
+
+def test_a_kept_corpus_trains_again_without_reading_and_is_refused_for_another_target(tiny, tmp_path, capsys):
+    """`head train --corpus F`: the first run keeps what the target read there, the next trains
+    from it alone (no text needed, none read); another target's corpus is refused with the fix."""
+    from localspec.app.cli import build_parser
+    from localspec.engine import llama_model
+    from localspec.engine.errors import LocalspecError
+
+    text = tmp_path / "notes"
+    text.mkdir()
+    for i in range(3):
+        (text / f"m{i}.py").write_text(f'def add_{i}(a, b):\n    """The sum."""\n    return a + b + {i}\n\n' * 30)
+    kept = tmp_path / "corpus.npz"
+    common = ["head", "train", "--steps", "12", "--batch", "4", "--length", "32", "--ctx", "128",
+              "--no-history", "--no-stdlib", "--no-site-packages", "--corpus", str(kept)]
+    first = build_parser().parse_args([*common, "--model", str(tiny.target_gguf), "--text", str(text),
+                                       "--out", str(tmp_path / "a.npz"), "--max-tokens", "1500",
+                                       "--generated-tokens", "0"])
+    assert first.run(first) == 0 and kept.exists()
+    opened = []
+    real = llama_model.LlamaModel.__init__
+    llama_model.LlamaModel.__init__ = lambda self, *a, **k: (opened.append(a), real(self, *a, **k))[1]
+    try:
+        again = build_parser().parse_args([*common, "--model", str(tiny.target_gguf), "--text", str(text),
+                                           "--out", str(tmp_path / "b.npz")])
+        assert again.run(again) == 0
+    finally:
+        llama_model.LlamaModel.__init__ = real
+    assert opened == [] and (tmp_path / "b.npz").exists()   # the target never ran again
+    assert "kept in" in capsys.readouterr().err
+    other = build_parser().parse_args([*common, "--model", str(tiny.draft_gguf), "--text", str(text),
+                                       "--out", str(tmp_path / "c.npz")])
+    with pytest.raises(LocalspecError, match="another target") as err:
+        other.run(other)
+    assert "another --corpus" in err.value.render()
