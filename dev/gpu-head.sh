@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
 # On the GPU host, after dev/gpu-build.sh (which reassembles the models): train a draft head for the
-# target on this host's Python standard library (the text the bench's n-gram stage learns from
-# too; HumanEval is not in it): TOKENS of its text and GEN tokens of the target's own
-# continuations of its functions. Writes /tmp/head.npz, and $OUT/head.npz.00, .01 (16 MiB a file
-# comes back).
+# target on this host's Python standard library and site-packages (what `head train` reads by
+# default, less the chat history; HumanEval is in neither, dev/head_contamination.py): TOKENS of
+# their text and GEN tokens of the target's own continuations of their functions, for MINUTES of
+# training steps. The target's states are kept in /tmp/corpus.npz (--corpus): a second run with
+# other flags (--ff, --length, more MINUTES) trains on them without reading the text again.
+# Writes HEAD (default /tmp/head.npz); RETURN=1 also puts it under $OUT in 12 MB pieces (what a
+# run brings back is bounded in total: a reference-target head of the default shape, 78 MB, did
+# not all come back; `--ff 1536 --draft-vocab 8192` makes one of ~40 MB, the CPU's shape).
+# Run it in the background and poll (dev/README.md): training outlasts a call.
 set -euo pipefail
 source "$(dirname "$0")/gpu-env.sh"
-learn=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')
-python3 -m localspec.app.cli head train --model /tmp/mod/target.gguf --text "$learn" \
-  --no-history --no-stdlib --no-site-packages \
-  --out /tmp/head.npz --max-tokens "${TOKENS:-300000}" --generated-tokens "${GEN:-700000}" \
-  --parallel "${PARALLEL:-128}" --steps "${STEPS:-5000}" "$@" 2>&1 | grep -v "^step [0-9]*[1-9]00/" | tail -n 12
-split -b 12M -d /tmp/head.npz "$OUT/head.npz."
+head=${HEAD:-/tmp/head.npz}
+python3 -m localspec.app.cli head train --model /tmp/mod/target.gguf --no-history --corpus /tmp/corpus.npz \
+  --out "$head" --max-tokens "${TOKENS:-300000}" --generated-tokens "${GEN:-700000}" \
+  --parallel "${PARALLEL:-128}" --steps 100000 --minutes "${MINUTES:-5}" "$@" 2>&1 | grep -v "^llama\|^load" | tail -n 16
+if [ "${RETURN:-0}" = 1 ]; then split -b 12M -d "$head" "$OUT/$(basename "$head")."; fi
