@@ -61,6 +61,9 @@ CONFIGS = {
     "adaptive": BenchConfig("adaptive", ("maxgram", "ngram", "draft"),
                             TreeBudget(max_nodes=DEFAULT_TREE_NODES, adaptive=True),
                             DraftLimits(max_depth=6, branching=2, width=4)),
+    # the adaptive budget with the free drafters alone: what a head or a draft model adds to it
+    "adaptive-free": BenchConfig("adaptive-free", ("maxgram", "ngram"),
+                                 TreeBudget(max_nodes=DEFAULT_TREE_NODES, adaptive=True)),
     # a draft head (--head) on the target's hidden state: alone, and in the adaptive budget
     "head": BenchConfig("head", ("head",), TreeBudget(max_nodes=12), HEAD_LIMITS),
     "adaptive-head": BenchConfig("adaptive-head", ("maxgram", "ngram", "head"),
