@@ -62,7 +62,7 @@ CONFIGS = {
                             TreeBudget(max_nodes=DEFAULT_TREE_NODES, adaptive=True),
                             DraftLimits(max_depth=6, branching=2, width=4)),
     # the adaptive budget with the free drafters alone: what a head or a draft model adds to it
-    "adaptive-free": BenchConfig("adaptive-free", ("maxgram", "ngram"),
+    "adaptive-nomodel": BenchConfig("adaptive-nomodel", ("maxgram", "ngram"),
                                  TreeBudget(max_nodes=DEFAULT_TREE_NODES, adaptive=True)),
     # a draft head (--head) on the target's hidden state: alone, and in the adaptive budget
     "head": BenchConfig("head", ("head",), TreeBudget(max_nodes=12), HEAD_LIMITS),

@@ -157,8 +157,8 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--limit", type=int, default=None, help="first N problems only")
     p.add_argument("--configs", default=None,
                    help="comma-separated (default: all but the head's, and with --head those too): "
-                        "plain,maxgram,ngram,draft-linear,draft-tree,staged,adaptive, adaptive-free (Max-Gram and n-grams "
-                        "only: the baseline of what a draft model or head adds), "
+                        "plain,maxgram,ngram,draft-linear,draft-tree,staged,adaptive, adaptive-nomodel (Max-Gram and "
+                        "n-grams only: the baseline of what a draft model or head adds), "
                         "head, adaptive-head (with --head), adaptive-N (the adaptive budget with trees of at most N nodes), "
                         "adaptive-copyN (its GPU Max-Gram arm with chains of N nodes)")
     p.add_argument("--learn", action="append", default=[], metavar="PATH",
