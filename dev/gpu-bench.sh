@@ -3,7 +3,9 @@
 # run `localspec bench` on the reference pair once per argument, each "WORKLOAD:LIMIT[:TEMP[:CONFIGS]]"
 # (e.g. humaneval:40  humaneval:40:0.7  edit:40:0:plain,maxgram,adaptive), results under $OUT/NAME:
 # bench.json only (a run's files come back only up to a count), bench.png too with PNG=1.
-# HEAD=/path/head.npz adds --head (the head and adaptive-head configurations).
+# HEAD=/path/head.npz adds --head (the head and adaptive-head configurations); without a draft model
+# on the host, `adaptive` is skipped: name adaptive-nomodel as the baseline the head is measured against
+# (e.g. humaneval:40:0:plain,adaptive-nomodel,head,adaptive-head).
 set -euo pipefail
 source "$(dirname "$0")/gpu-env.sh"
 learn=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')
