@@ -77,7 +77,8 @@ def _train(args: argparse.Namespace) -> int:
     from localspec.engine.drafters.head import target_tables
     from localspec.engine.llama_model import LlamaModel
     from localspec.engine.head_train import (collect, function_prompts, generate_corpus, join, load_corpus,
-                                             save_corpus, train)
+                                             save_corpus)
+    from localspec.models import heads
 
     from .head_progress import head_report
     from .head_sources import Choice, list_sources, reading_order, summary_lines
@@ -85,7 +86,7 @@ def _train(args: argparse.Namespace) -> int:
     model, out = _model_and_out(args)
     kept = Path(args.corpus).expanduser() if args.corpus else None
     if kept is not None and kept.exists():
-        return _train_on(args, model, out, *load_corpus(kept, _target_id(model)))
+        return _train_on(args, model, out, *load_corpus(kept, heads.target_id(model)))
     choice = Choice.from_args(args)
     sources = list_sources(choice)
     order = reading_order(sources)   # a document's index: its file id (the held-out split is by file)
@@ -142,51 +143,44 @@ def _train(args: argparse.Namespace) -> int:
             raise LocalspecError("Too little to learn from", f"{0 if corpus is None else len(corpus.tokens)} "
                                  f"tokens from {len(order)} files", "Name more text, or raise --max-tokens")
         if kept is not None:
-            save_corpus(kept, corpus, {"target_id": _target_id(model), "text": described})
+            save_corpus(kept, corpus, {"target_id": heads.target_id(model), "text": described})
             report.say(f"kept the corpus in {kept}")
         report.say(f"training on {len(corpus.tokens):,} tokens")
-        try:
-            info = train(corpus, model, out, vocab_size=args.draft_vocab, steps=args.steps, batch=args.batch,
-                         length=args.length, ff=args.ff,
-                         seconds=None if args.minutes is None else 60 * args.minutes,
-                         checkpoint=out.with_name(out.name + ".ckpt"), progress=report,
-                         meta={"target": model.name, "text": described}, tables=tables)
-        except ValueError as err:   # too little text to train on and to check the head on
-            raise LocalspecError("Too little to learn from", str(err),
-                                 "Name more text, or raise --max-tokens") from None
+        info = _train_corpus(args, model, out, corpus, report, described, tables)
     _wrote(args, out, info)
     return 0
-
-
-def _target_id(model: Path) -> str:
-    from localspec.engine.drafters.head import target_info
-    from localspec.models.gguf_file import fingerprint
-
-    return fingerprint(target_info(model))
 
 
 def _train_on(args: argparse.Namespace, model: Path, out: Path, corpus, kept: dict) -> int:
     """Training alone, on a corpus kept by an earlier run (--corpus)."""
-    from localspec.engine.head_train import train
-
     from .head_progress import head_report
 
     with head_report(sys.stderr) as report:
         report.say(f"training on {len(corpus.tokens):,} tokens kept in {args.corpus}")
-        try:
-            info = train(corpus, model, out, vocab_size=args.draft_vocab, steps=args.steps, batch=args.batch,
-                         length=args.length, ff=args.ff,
-                         seconds=None if args.minutes is None else 60 * args.minutes,
-                         checkpoint=out.with_name(out.name + ".ckpt"), progress=report,
-                         meta={"target": model.name, "text": kept.get("text", [])})
-        except ValueError as err:
-            raise LocalspecError("Too little to learn from", str(err),
-                                 "Name more text, or raise --max-tokens") from None
+        info = _train_corpus(args, model, out, corpus, report, kept.get("text", []))
     _wrote(args, out, info)
     return 0
 
 
+def _train_corpus(args: argparse.Namespace, model: Path, out: Path, corpus, report, text: list,
+                  tables=None) -> dict:
+    """Train the head on `corpus` as the flags say (`text`: what it was read from, for its meta);
+    what training measured."""
+    from localspec.engine.head_train import train
+
+    try:
+        info = train(corpus, model, out, vocab_size=args.draft_vocab, steps=args.steps, batch=args.batch,
+                     length=args.length, ff=args.ff, seconds=None if args.minutes is None else 60 * args.minutes,
+                     checkpoint=out.with_name(out.name + ".ckpt"), progress=report,
+                     meta={"target": model.name, "text": text}, tables=tables)
+    except ValueError as err:   # too little text to train on and to check the head on
+        raise LocalspecError("Too little to learn from", str(err),
+                             "Name more text, or raise --max-tokens") from None
+    return info
+
+
 def _wrote(args: argparse.Namespace, out: Path, info: dict) -> None:
+    """Where the head went (after the progress line is gone)."""
     print(f"wrote {out}: {info['tokens']} tokens, draft vocabulary {info['draft_vocab']}, "
           f"held-out top-1 by depth {info['held_out_top1']}")
     print(f"installed: {args.model} drafts with it from now on (--no-head turns it off for a run)"

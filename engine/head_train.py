@@ -330,10 +330,10 @@ def train(corpus: Corpus, target_gguf: Path, out: Path, *, vocab_size: int = 327
     import torch
     import torch.nn.functional as F
 
-    from localspec.models.gguf_file import fingerprint
+    from localspec.models import heads
     from localspec.models.head_file import save_head
 
-    from .drafters.head import target_info, target_tables
+    from .drafters.head import target_tables
     from .drafters.head_net import HeadNet, HeadShape, attend
 
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -449,7 +449,7 @@ def train(corpus: Corpus, target_gguf: Path, out: Path, *, vocab_size: int = 327
         net.train()
         return [round(float(h), 4) for h in hits]
 
-    target_id = fingerprint(target_info(target_gguf))
+    target_id = heads.target_id(target_gguf)
     settings = {"tokens": int(n), "steps": steps, "batch": batch, "length": length, "passes": passes,
                 "draft_vocab": k, "shape": shape.to_json(), "seed": seed, "target_id": target_id}
     first = 0

@@ -311,9 +311,9 @@ class HeadDrafter:
             return
         start, states = got   # states [r, d] at positions start..; the token after each is in `after`
         r = len(states)
-        follow = list(after)[-r:] if len(after) >= r else None
-        if follow is None or len(follow) < r:
+        if len(after) < r:
             return
+        follow = list(after)[-r:]
         self._feats += list(states)
         self._toks += [int(t) for t in follow]
         self._pos += range(start, start + r)
