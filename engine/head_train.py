@@ -113,8 +113,7 @@ def collect(model, texts: Iterable[tuple[int, str]], max_tokens: int, chunk: int
             part = part[:m]
             model.clear()
             model.decode(part, np.arange(m, dtype=np.int32), logits=True)
-            for i in range(m):
-                hidden[n + i] = model.hidden_row(i)
+            hidden[n:n + m] = model.hidden_rows()[:m]
             tokens[n:n + m] = part
             chunk_of[n:n + m] = c
             source[n:n + m] = file_id
@@ -201,8 +200,7 @@ def generate_corpus(model, prompts: Iterable[tuple[int, str]], max_tokens: int, 
         alive = [True] * len(group)
         for _ in range(gen_tokens):
             model.decode(cur, np.asarray(pos, np.int32), [(s,) for s in range(len(group))], logits=True)
-            for r in range(len(group)):
-                state[r] = model.hidden_row(r)
+            state[:len(group)] = model.hidden_rows()[:len(group)]
             nxt = (torch.from_numpy(state[:len(group)]).to(dev) @ out_t.T).argmax(-1).tolist()
             for r in range(len(group)):
                 if alive[r]:

@@ -350,6 +350,15 @@ class LlamaModel:
             raise RuntimeError(f"no hidden state for batch row {i} ({last_log()})")
         return np.ctypeslib.as_array(ptr, shape=(self.n_embd,))
 
+    def hidden_rows(self) -> np.ndarray:
+        """[n_outputs, n_embd] float32: every row's final hidden state of the last decode (with
+        hidden states llama.cpp outputs every batch row, padding included), one zero-copy view,
+        valid until the next decode: what reading many rows costs one call, not one per row."""
+        ptr = lc.llama_get_embeddings(self._ctx)
+        if not ptr or not self.hidden or self._n_outputs == 0:
+            raise RuntimeError(f"no hidden states in the last decode ({last_log()})")
+        return np.ctypeslib.as_array(ptr, shape=(self._n_outputs, self.n_embd))
+
     def prefill(self, tokens: Sequence[int], start: int, seq: int = 0, hidden_tail: int = 1) -> None:
         """Decode tokens at positions start.. in sequence `seq`, in n_batch chunks; last row kept.
         With hidden states, all but the last `hidden_tail` tokens go without them (llama.cpp would

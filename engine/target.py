@@ -104,7 +104,7 @@ class Target:
         if self._new is None or not self.model.hidden:
             return None
         start, rows = self._new
-        return start, np.stack([self.model.hidden_row(int(i)) for i in rows])
+        return start, self.model.hidden_rows()[rows]   # fancy indexing: a copy
 
     def verify(self, tree: DraftTree, pad_to: int = 0, top_up: bool = True) -> np.ndarray:
         """Decode every tree node in one batch; returns [tree.n, vocab] logits (zero-copy view).

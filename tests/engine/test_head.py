@@ -42,6 +42,7 @@ def test_hidden_states_are_the_output_matrix_input_and_leave_logits_alone(tiny):
         hidden.decode(tokens, pos, logits=True)
         _, out, _ = target_tables(tiny.target_gguf, None)
         states = np.stack([hidden.hidden_row(i) for i in range(len(tokens))])
+        np.testing.assert_array_equal(hidden.hidden_rows(), states)   # one view, the same rows
         np.testing.assert_allclose(states @ out.T, hidden.logits(), atol=1e-3, rtol=1e-4)
     finally:
         plain.close()
