@@ -19,7 +19,9 @@ from .head_sources import add_source_flags
 from .paths import resolve_models
 
 
-_PROMPT, _GEN = 384, 128   # a generated continuation: prompt tokens kept, tokens generated
+# a generated continuation: prompt tokens kept, tokens generated (each prompt token costs about a
+# generated one's compute and gives no training pair)
+_PROMPT, _GEN = 256, 256
 
 
 def add_head(sub: argparse._SubParsersAction) -> None:

@@ -178,7 +178,6 @@ def generate_corpus(model, prompts: Iterable[tuple[int, str]], max_tokens: int, 
     # a target that ends nearly every continuation at once would walk every prompt there is:
     # four times the prompts the tokens asked for fill, at most
     source = itertools.islice(prompts, max(width, 4 * max_tokens // max(gen_tokens, 1)))
-    state = np.zeros((width, d), np.float32)
     while n < max_tokens:
         group, files = [], []
         for file_id, text in source:
@@ -193,32 +192,34 @@ def generate_corpus(model, prompts: Iterable[tuple[int, str]], max_tokens: int, 
         model.clear()
         for seq, ids in enumerate(group):
             model.prefill(ids[:-1], 0, seq=seq)
-        cur = [ids[-1] for ids in group]
-        pos = [len(ids) - 1 for ids in group]
-        fed = [[] for _ in group]
-        states = [[] for _ in group]
-        alive = [True] * len(group)
-        for _ in range(gen_tokens):
-            model.decode(cur, np.asarray(pos, np.int32), [(s,) for s in range(len(group))], logits=True)
-            state[:len(group)] = model.hidden_rows()[:len(group)]
-            nxt = (torch.from_numpy(state[:len(group)]).to(dev) @ out_t.T).argmax(-1).tolist()
-            for r in range(len(group)):
-                if alive[r]:
-                    fed[r].append(cur[r])
-                    states[r].append(state[r].astype(np.float16))
-                    alive[r] = not model.is_eog(nxt[r])
+        g = len(group)
+        cur = np.asarray([ids[-1] for ids in group], np.int32)
+        pos = np.asarray([len(ids) - 1 for ids in group], np.int32)
+        seqs = [(s,) for s in range(g)]
+        fed = np.zeros((gen_tokens, g), np.int32)               # what each row was fed, step by step
+        states = np.zeros((gen_tokens, g, d), np.float16)       # and the state after it
+        length = np.zeros(g, np.int64)                          # steps a row was alive for
+        alive = np.ones(g, bool)
+        for step in range(gen_tokens):
+            model.decode(cur, pos, seqs, logits=True)
+            state = model.hidden_rows()[:g]
+            nxt = (torch.from_numpy(state).to(dev) @ out_t.T).argmax(-1).cpu().numpy().astype(np.int32)
+            fed[step] = cur
+            states[step] = state
+            length += alive
+            alive &= ~np.fromiter(map(model.is_eog, nxt.tolist()), bool, g)
             cur = nxt
-            pos = [p + 1 for p in pos]
-            now = n + sum(map(len, fed))
+            pos += 1
+            now = n + int(length.sum())
             progress(Progress("generating", min(now, max_tokens), max_tokens, now / max(time.time() - t0, 1e-9)))
-            if not any(alive) or sum(pos) + 2 * len(group) >= model.n_ctx:   # the shared cache is full
+            if not alive.any() or int(pos.sum()) + 2 * g >= model.n_ctx:   # the shared cache is full
                 break
-        for r in range(len(group)):
-            m = min(len(fed[r]), max_tokens - n)
+        for r in range(g):
+            m = min(int(length[r]), max_tokens - n)
             if m < 2:
                 continue
-            tokens[n:n + m] = fed[r][:m]
-            hidden[n:n + m] = np.stack(states[r][:m])
+            tokens[n:n + m] = fed[:m, r]
+            hidden[n:n + m] = states[:m, r]
             chunk_of[n:n + m] = c
             source_of[n:n + m] = files[r]
             n += m

@@ -89,3 +89,45 @@ def test_a_kept_corpus_trains_again_without_reading_and_is_refused_for_another_t
     with pytest.raises(LocalspecError, match="another target") as err:
         other.run(other)
     assert "another --corpus" in err.value.render()
+
+
+def test_generated_continuations_are_the_targets_greedy_text_with_its_states(tiny):
+    """generate_corpus runs several prompts side by side, one KV stream each: every chunk must be
+    what the target alone says after its prompt (greedy), and each pair's state the target's."""
+    import numpy as np
+
+    from localspec.engine.head_train import generate_corpus
+    from localspec.engine.llama_model import LlamaModel
+    from tiny_models import build_corpus
+
+    whole = "\n".join(build_corpus(n_docs=60))   # cut mid-text: the continuations go on
+    texts = [(i, whole[a:a + 200]) for i, a in enumerate(range(0, 1500, 300))]
+    width, prompt_tokens, gen = 3, 24, 12
+    many = LlamaModel(tiny.target_gguf, n_ctx=width * 64, n_batch=128, n_seq_max=width, hidden=True,
+                      unified=False, n_threads=1)
+    try:
+        got = generate_corpus(many, iter(texts), 10_000, gen_tokens=gen, prompt_tokens=prompt_tokens)
+    finally:
+        many.close()
+    one = LlamaModel(tiny.target_gguf, n_ctx=64, n_batch=64, n_seq_max=1, hidden=True, n_threads=1)
+    try:
+        chunks = np.unique(got.chunk)
+        assert chunks.size == len(texts)          # five prompts: a group of three, then two
+        assert np.bincount(got.chunk).max() >= 8  # (and at least one went on for a while)
+        for c in chunks:
+            rows = np.flatnonzero(got.chunk == c)
+            file_id = int(got.source[rows[0]])
+            ids = one.tokenize(texts[file_id][1], special=False, add_bos=False)[-prompt_tokens:]
+            one.clear()
+            one.decode(ids, np.arange(len(ids), dtype=np.int32), logits=True)
+            said = [int(np.argmax(one.logits()[-1]))]
+            states = [one.hidden_rows()[-1].copy()]
+            for k in range(len(rows) - 1):
+                one.decode([said[-1]], np.asarray([len(ids) + k], np.int32), logits=True)
+                said.append(int(np.argmax(one.logits()[0])))
+                states.append(one.hidden_rows()[0].copy())
+            # fed: the prompt's last token, then what the target chose after each
+            assert got.tokens[rows].tolist() == [ids[-1], *said[:-1]]
+            np.testing.assert_allclose(got.hidden[rows].astype(np.float32), np.stack(states), atol=2e-2, rtol=2e-2)
+    finally:
+        one.close()
