@@ -176,6 +176,9 @@ class Run:
     seconds: float            # decode seconds (prefill left out, as bench does)
     calls: int                # target calls
     identical: bool | None    # greedy: the same tokens as plain decoding's (None: plain, or sampled)
+    others: float | None = None   # CPU cores other processes kept busy meanwhile (None: unknown)
+    attempt: int = 1          # the prompt's attempt this run belongs to (a disturbed one is run again)
+    disturbed: bool = False   # others over the quiet limit in the last attempt: left out of comparisons
 
 
 def rotation(names: Sequence[str], k: int) -> list[str]:
@@ -184,14 +187,58 @@ def rotation(names: Sequence[str], k: int) -> list[str]:
     return [*names[k:], *names[:k]]
 
 
+# On a shared machine another process's burst can slow one generation many times over (llama.cpp's
+# threads wait for each other at every matmul, and one of them loses its core), which no spread
+# statistic over a few dozen prompts absorbs. So each run records how busy the rest of the machine
+# was; a prompt with a disturbed run is run again, all configurations, and one still disturbed
+# after RETRIES is left out of the comparisons. Before a prompt the run waits for a quiet machine.
+QUIET = 0.25       # cores the other processes may keep busy during a run
+RETRIES = 2
+QUIET_WAIT = 300   # seconds to wait for a quiet machine before a prompt, at most
+
+
+def cpu_sample() -> tuple[float, int, int] | None:
+    """(wall seconds, the machine's busy jiffies, this process's jiffies), or None without /proc."""
+    try:
+        head = Path("/proc/stat").read_text().split("\n", 1)[0].split()   # cpu user nice system idle iowait ...
+        own = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()   # utime, stime: [11], [12]
+    except OSError:
+        return None
+    ticks = [int(x) for x in head[1:]]
+    return time.time(), sum(ticks) - ticks[3] - ticks[4], int(own[11]) + int(own[12])
+
+
+def others_busy(before: tuple[float, int, int] | None, after: tuple[float, int, int] | None,
+                tick: float = 1 / os.sysconf("SC_CLK_TCK")) -> float | None:
+    """Cores the machine's other processes kept busy on average between two cpu_samples."""
+    if before is None or after is None or after[0] <= before[0]:
+        return None
+    return max(0.0, ((after[1] - before[1]) - (after[2] - before[2])) * tick / (after[0] - before[0]))
+
+
+def wait_quiet(progress: Callable[[str], None], quiet: float = QUIET, limit: float = QUIET_WAIT) -> None:
+    """Return once the other processes kept at most `quiet` cores busy for a second, or after `limit`."""
+    give_up, said = time.time() + limit, False
+    while time.time() < give_up:
+        before = cpu_sample()
+        time.sleep(1.0)
+        busy = others_busy(before, cpu_sample())
+        if busy is None or busy <= quiet:
+            return
+        if not said:
+            progress(f"waiting for a quiet machine: other processes keep {busy:.1f} cores busy")
+            said = True
+
+
 def measure(loaded, store, stage_names: Sequence[str], base: TreeBudget, blocks: Sequence[Block],
             chosen: Sequence[Variant], request: Callable[[tuple], Any],
             progress: Callable[[str], None] = lambda s: None, deadline: float = float("inf"),
-            on_prompt: Callable[[list[Run]], None] = lambda runs: None) -> list[Run]:
+            on_prompt: Callable[[list[Run]], None] = lambda runs: None, quiet: float | None = QUIET) -> list[Run]:
     """Every block's prompts through plain decoding, the baseline and each variant (see the module
     docstring). `loaded`: engine.build.Loaded; `store`: the n-gram store of the stages; `request`:
     the GenerationRequest for a prompt's tokens. Stops before a prompt begun after `deadline`
-    (time.time()); `on_prompt` gets the runs so far after each prompt."""
+    (time.time()); `on_prompt` gets the runs so far after each prompt. `quiet`: the cores other
+    processes may keep busy during a run (see QUIET); None: whatever they do, nothing is run again."""
     from localspec.engine.generation import finish
     from localspec.engine.native import switches
 
@@ -209,27 +256,42 @@ def measure(loaded, store, stage_names: Sequence[str], base: TreeBudget, blocks:
                 engines[name] = loaded.engine(built, v.budget_of(base))
         try:
             for i, prompt in enumerate(block.prompts):
-                if time.time() > deadline:
-                    progress("stopped: past --stop-after")
-                    return runs
-                req, gens = request(prompt.tokens), {}
-                for name in rotation(names, k):
-                    v = by_name.get(name)
-                    with patched(v.patches if v else ()), switches(loaded.numerics):
-                        gens[name] = finish(engines[name].generate(req))
-                k += 1
+                req = request(prompt.tokens)
+                for attempt in range(1, RETRIES + 2):
+                    if time.time() > deadline:
+                        progress("stopped: past --stop-after")
+                        return runs
+                    if quiet is not None:
+                        wait_quiet(progress, quiet)
+                    gens, busy = {}, {}
+                    for name in rotation(names, k):
+                        v = by_name.get(name)
+                        before = cpu_sample()
+                        with patched(v.patches if v else ()), switches(loaded.numerics):
+                            gens[name] = finish(engines[name].generate(req))
+                        busy[name] = others_busy(before, cpu_sample())
+                    k += 1
+                    disturbed = [n for n in names if quiet is not None and (busy[n] or 0.0) > quiet]
+                    if not disturbed or attempt > RETRIES:
+                        break
+                    progress(f"[{block.name} {i + 1}] again: other processes shared the CPU during "
+                             + ", ".join(f"{n} ({busy[n]:.1f} cores)" for n in disturbed))
                 plain = gens["plain"].tokens
                 for name in names:
                     g = gens[name]
                     same = None if name == "plain" or not req.sampling.greedy else g.tokens == plain
                     runs.append(Run(block.name, prompt.name, name, g.stats.tokens, g.stats.decode_seconds,
-                                    g.stats.target_calls, same))
+                                    g.stats.target_calls, same,
+                                    None if busy[name] is None else round(busy[name], 3), attempt,
+                                    bool(disturbed)))
                 on_prompt(runs)
                 progress(f"[{block.name} {i + 1}/{len(block.prompts)}] " + "  ".join(
-                    f"{n} {gens[n].stats.tokens_per_second:.1f}" for n in names) + " tok/s")
+                    f"{n} {gens[n].stats.tokens_per_second:.1f}" for n in names) + " tok/s"
+                    + (f" (attempt {attempt})" if attempt > 1 else ""))
         finally:
             for d in stages:
-                d.close()
+                if not d.uses_model:   # a model stage's close closes the shared model (loaded.close's)
+                    d.close()
     return runs
 
 
@@ -272,11 +334,11 @@ def verdict(overall: tuple[float, float], by_workload: Mapping[str, tuple[float,
 
 
 def _paired(runs: Sequence[Run], name: str, base: str = "baseline") -> dict[str, list[tuple[Run, Run]]]:
-    """Block -> [(variant's run, baseline's run)] per prompt both ran."""
-    index = {(r.block, r.prompt): r for r in runs if r.config == base}
+    """Block -> [(variant's run, baseline's run)] per prompt both ran undisturbed."""
+    index = {(r.block, r.prompt): r for r in runs if r.config == base and not r.disturbed}
     out: dict[str, list[tuple[Run, Run]]] = {}
     for r in runs:
-        if r.config == name and (r.block, r.prompt) in index:
+        if r.config == name and not r.disturbed and (r.block, r.prompt) in index:
             out.setdefault(r.block, []).append((r, index[r.block, r.prompt]))
     return out
 
@@ -287,10 +349,12 @@ def summarize(runs: Sequence[Run], chosen: Sequence[Variant], workload_of: Mappi
     ratio to the baseline with its interval, overall, by workload and by block, and the verdict."""
     rows = []
     for name in ["plain", "baseline", *(v.name for v in chosen)]:
-        mine = [r for r in runs if r.config == name]
+        mine = [r for r in runs if r.config == name and not r.disturbed]
         if not mine:
             continue
         tokens, seconds, calls = (sum(getattr(r, f) for r in mine) for f in ("tokens", "seconds", "calls"))
+        if not tokens:
+            continue      # every prompt ended at once: nothing to compare
         judged = [r.identical for r in mine if r.identical is not None]
         row: dict = {"config": name, "tok_s": round(tokens / seconds, 2), "tokens_per_call": round(tokens / calls, 3),
                      "tokens": tokens, "prompts": len(mine),
@@ -333,6 +397,10 @@ def format_table(report: dict) -> str:
     for v in report["variants"]:
         lines.append(f"{v['name']}: {v['constant']} ({v['where']}) -> {v['change']}"
                      + (f"  [{v['record']}]" if v["record"] else ""))
+    if report["run_again"]:
+        lines.append(f"run again (other processes shared the CPU): {', '.join(report['run_again'])}")
+    if report["left_out"]:
+        lines.append(f"left out (still shared after {RETRIES} more runs): {', '.join(report['left_out'])}")
     for name, why in report["skipped"].items():
         lines.append(f"not run: {name}: it needs {why}")
     return "\n".join(lines)
@@ -382,24 +450,75 @@ def write(out: Path, report: dict, runs: Sequence[Run], chosen: Sequence[Variant
     """OUT/ablation.json (the report, its rows and every run) and OUT/ablation.txt (the table)."""
     workload_of = {b: b.split("#")[0] for b in report["blocks"]}
     report.update(level=level, complete=complete, rows=summarize(runs, chosen, workload_of, level),
+                  run_again=sorted({f"{r.block} {r.prompt}" for r in runs if r.attempt > 1}),
+                  left_out=sorted({f"{r.block} {r.prompt}" for r in runs if r.disturbed}),
                   runs=[asdict(r) for r in runs])
     (out / "ablation.json").write_text(json.dumps(report, indent=1))
     (out / "ablation.txt").write_text(format_table(report) + ("\n" if complete else "\n(incomplete)\n"))
 
 
 def _blocks(session, sets: str, reps: int) -> list[Block]:
-    """Each "workload:N" set, repetition r taking prompts [r*N, (r+1)*N), tokenised by `session`."""
+    """Each "workload:N" set, repetition r taking prompts [r*N, (r+1)*N), tokenised by `session`;
+    repetition by repetition, so a run stopped early (--stop-after) lacks the last one's tail."""
     from localspec.app import workloads
 
-    out = []
+    built = []
     for spec in sets.split(","):
         workload, n = spec.split(":")
-        prompts = workloads.build(workload, int(n) * reps, session.raw_prompt, session.chat_prompt)
-        for r in range(reps):
-            part = tuple(prompts[r * int(n):(r + 1) * int(n)])
-            if part:
-                out.append(Block(f"{workload}#{r + 1}", workload, part))
-    return out
+        built.append((workload, int(n), workloads.build(workload, int(n) * reps, session.raw_prompt,
+                                                        session.chat_prompt)))
+    return [Block(f"{workload}#{r + 1}", workload, tuple(prompts[r * n:(r + 1) * n]))
+            for r in range(reps) for workload, n, prompts in built if prompts[r * n:(r + 1) * n]]
+
+
+def run(options, blocks: Sequence[Block], store, source: str, out: Path, request: Callable[[tuple], Any], *,
+        wanted: Sequence[str] | None = None, level: float = 0.95, stop_after: float = float("inf"),
+        quiet: float | None = QUIET, say: Callable[[str], None] = lambda s: None) -> dict:
+    """Load the target of `options` (engine.options.Options) once, run `blocks` through plain decoding,
+    the baseline (its stages and budget) and the variants (`wanted`, default all) that can change
+    something here, and write OUT/ablation.json and .txt as it goes; the report. `store`: what the
+    n-gram stage reads, described by `source`."""
+    from localspec.engine.build import load
+    from localspec.engine.shapes import Shapes
+
+    started = time.time()
+    stage_names = options.stages
+    neural = tuple(s for s in stage_names if s not in ("maxgram", "personal"))
+    top = max(v.budget_of(options.budget).max_nodes for v in variants(False))
+    loaded = load(replace(options, budget=replace(options.budget, max_nodes=top)), neural, measure=True)
+    try:
+        base = loaded.engine(loaded.stages(stage_names, replace(loaded.parts, store=store)), options.budget)
+        holds = {Need.MODEL_STAGE: any(d.uses_model for d in base.stages), Need.OFFLOADED: loaded.offloaded,
+                 Need.STABLE_SHAPES: base.policy.shapes is Shapes.STABLE}
+        every = variants(loaded.offloaded)
+        wanted = wanted or [v.name for v in every]
+        chosen = [v for v in every if v.name in wanted and (v.needs is None or holds[v.needs])]
+        sampling = request(()).sampling
+        report: dict = {
+            "machine": _machine(loaded.model.n_gpu_layers != 0), "threads": loaded.model.n_threads,
+            "commit": _commit(), "target": str(options.model), "draft": options.draft and str(options.draft),
+            "stages": list(stage_names), "budget": f"adaptive, up to {options.budget.max_nodes} nodes",
+            "arms": [str(a) for a in base.policy.arms], "shapes": base.policy.shapes.value,
+            "calibration": loaded.costs.to_dict() if loaded.costs else None, "ngram_source": source,
+            "max_tokens": request(()).max_tokens, "temperature": sampling.temperature, "seed": sampling.seed,
+            "quiet_cores": quiet, "blocks": [b.name for b in blocks],
+            "skipped": {v.name: v.needs.value for v in every if v.name in wanted and v not in chosen},
+            "variants": [{k: v for k, v in asdict(x).items() if k in ("name", "constant", "where", "change", "record")}
+                         for x in chosen]}
+        for d in base.stages:
+            if not d.uses_model:   # a model stage's close closes the shared model
+                d.close()
+
+        def written(runs: list[Run], complete: bool) -> None:
+            report["wall_seconds"] = round(time.time() - started, 1)
+            write(out, report, runs, chosen, level, complete)
+
+        runs = measure(loaded, store, stage_names, options.budget, blocks, chosen, request, say,
+                       deadline=time.time() + stop_after, on_prompt=lambda runs: written(runs, False), quiet=quiet)
+        written(runs, True)
+        return report
+    finally:
+        loaded.close()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -418,6 +537,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int)
+    p.add_argument("--gpu-policy", action="store_true",
+                   help="the policy a GPU runs (its arms, its batch shapes) on this machine: tries the "
+                        "GPU's variants here")
+    p.add_argument("--ignore-load", action="store_true",
+                   help="whatever else runs on the machine: no waiting for it, no prompt run again (see QUIET)")
     p.add_argument("--level", type=float, default=0.95, help="the intervals' coverage")
     p.add_argument("--out", required=True, help="folder for ablation.json and ablation.txt")
     p.add_argument("--from", dest="again", metavar="JSON",
@@ -434,76 +558,44 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if not args.model:
         p.error("--model is required (or --from an earlier ablation.json)")
+    known = {v.name for offloaded in (False, True) for v in variants(offloaded)}
+    wanted = args.variants.split(",") if args.variants else None
+    if wanted and set(wanted) - known:
+        p.error(f"unknown variants {sorted(set(wanted) - known)}; choose from {', '.join(sorted(known))}")
 
     from localspec.app.bench import open_ngram_store
-    from localspec.engine.build import load
     from localspec.engine.config import GenerationRequest, SamplingParams
     from localspec.engine.llama_model import gpu_offload_supported
     from localspec.engine.options import Options
     from localspec.engine.session import Session
-    from localspec.engine.shapes import Shapes
 
     preset = PRESETS[args.preset or ("gpu" if gpu_offload_supported() else "cpu")]
     sets, reps, max_tokens, stop_after = (given if given is not None else default for given, default
                                           in zip((args.sets, args.reps, args.max_tokens, args.stop_after), preset))
     options = Options(Path(args.model), draft=Path(args.draft) if args.draft else None, use_head=False,
-                      n_threads=args.threads)
+                      n_threads=args.threads, stable_shapes=True if args.gpu_policy else None)
     sampling = SamplingParams(temperature=args.temperature, top_k=options.sampling.top_k,
                               top_p=options.sampling.top_p, seed=args.seed)
 
     def say(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
-    known = {v.name for offloaded in (False, True) for v in variants(offloaded)}
-    wanted = args.variants.split(",") if args.variants else None
-    if wanted and set(wanted) - known:
-        p.error(f"unknown variants {sorted(set(wanted) - known)}; choose from {', '.join(sorted(known))}")
     started = time.time()
-    scratch = tempfile.TemporaryDirectory(prefix="localspec-ablate-")
-    probe = Session(replace(options, speculation=False))   # tokenises the prompts and the store's files
-    try:
-        blocks = _blocks(probe, sets, reps)
-        store, source = open_ngram_store(options.model, [args.learn], args.learn_max_tokens, probe.raw_prompt,
-                                         Path(scratch.name))
-    finally:
-        probe.close()
-    say(f"n-gram store: {source} ({time.time() - started:.0f}s)")
-    stage_names = options.stages
-    neural = tuple(s for s in stage_names if s not in ("maxgram", "personal"))
-    top = max(v.budget_of(options.budget).max_nodes for v in variants(False))
-    loaded = load(replace(options, budget=replace(options.budget, max_nodes=top)), neural, measure=True)
-    try:
-        base = loaded.engine(loaded.stages(stage_names, replace(loaded.parts, store=store)), options.budget)
-        holds = {Need.MODEL_STAGE: any(d.uses_model for d in base.stages), Need.OFFLOADED: loaded.offloaded,
-                 Need.STABLE_SHAPES: base.policy.shapes is Shapes.STABLE}
-        every = variants(loaded.offloaded)
-        wanted = wanted or [v.name for v in every]
-        chosen = [v for v in every if v.name in wanted and (v.needs is None or holds[v.needs])]
-        skipped = {v.name: v.needs.value for v in every if v.name in wanted and v not in chosen}
-        report: dict = {
-            "machine": _machine(loaded.offloaded), "threads": loaded.model.n_threads, "commit": _commit(),
-            "target": str(options.model), "draft": args.draft, "stages": list(stage_names),
-            "budget": f"adaptive, up to {options.budget.max_nodes} nodes", "arms": [str(a) for a in base.policy.arms],
-            "shapes": base.policy.shapes.value, "calibration": loaded.costs.to_dict() if loaded.costs else None,
-            "ngram_source": source, "max_tokens": max_tokens, "temperature": args.temperature, "seed": args.seed,
-            "level": args.level, "blocks": [b.name for b in blocks], "skipped": skipped,
-            "variants": [{k: v for k, v in asdict(x).items() if k in ("name", "constant", "where", "change", "record")}
-                         for x in chosen]}
-        for d in base.stages:
-            d.close()
-
-        def written(runs: list[Run], complete: bool) -> None:
-            report["wall_seconds"] = round(time.time() - started, 1)
-            write(out, report, runs, chosen, args.level, complete)
-
-        runs = measure(loaded, store, stage_names, options.budget, blocks, chosen,
-                       lambda tokens: GenerationRequest(tokens, max_tokens, sampling), say,
-                       deadline=time.time() + stop_after, on_prompt=lambda runs: written(runs, False))
-        written(runs, True)
-    finally:
-        loaded.close()
-        store.close()
-        scratch.cleanup()
+    with tempfile.TemporaryDirectory(prefix="localspec-ablate-") as scratch:
+        probe = Session(replace(options, speculation=False))   # tokenises the prompts and the store's files
+        try:
+            blocks = _blocks(probe, sets, reps)
+            store, source = open_ngram_store(options.model, [args.learn], args.learn_max_tokens, probe.raw_prompt,
+                                             Path(scratch))
+        finally:
+            probe.close()
+        say(f"n-gram store: {source} ({time.time() - started:.0f}s)")
+        try:
+            run(options, blocks, store, source, out, lambda tokens: GenerationRequest(tokens, max_tokens, sampling),
+                wanted=wanted, level=args.level, stop_after=stop_after,
+                quiet=None if args.ignore_load else QUIET, say=say)
+        finally:
+            store.close()
     print((out / "ablation.txt").read_text())
     return 0
 
