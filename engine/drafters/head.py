@@ -321,7 +321,10 @@ class HeadDrafter:
             del self._feats[:-WINDOW], self._toks[:-WINDOW], self._pos[:-WINDOW]
 
     def catch_up(self) -> None:
-        pass   # the queued pairs go in with the root's step
+        """The pairs queued while the head sat out, all but the root's, into its cache (the
+        engine times this apart from the round: decode.py)."""
+        if len(self._toks) > 1:
+            self._insert(len(self._toks) - 1)
 
     def cost_curve(self, costs: Costs) -> Costs:
         return head_costs(costs, self.head)
@@ -343,25 +346,30 @@ class HeadDrafter:
     # -- TreeEvaluator ---------------------------------------------------------------------------
 
     def evaluate_root(self, tree: DraftTree) -> Dist:
-        """The queued pairs into the ring (causal by position) in one step, the last pair's
-        being the root's. After rounds the head sat out, hundreds of pairs wait, and the round
-        that drafts pays for them: one step of them all (eager on a GPU past the largest graph),
-        not one per 32 rows with a replay and its host work each (0024: head arms measured at
-        ~11 ms a round on an H100 where their trees and steps came to ~5)."""
+        """The queued pairs into the ring, the last being the root's: its step's guesses are the
+        root's children."""
+        p, state, outs = self._insert(len(self._toks))
+        self._root_pos = p
+        self._state[0] = state[-1].clone()   # a graph's buffer on a GPU: the next step reuses it
+        return self._dists(*(o[-1:] for o in outs))[0]
+
+    def _insert(self, n: int) -> tuple[int, torch.Tensor, list[torch.Tensor]]:
+        """The first `n` queued pairs into the ring (causal by position) in one step; (the last
+        one's position, the step's outputs). After rounds the head sat out, hundreds of pairs
+        wait: one step of them all (eager on a GPU past the largest graph), not one per 32 rows
+        with a replay and its host work each."""
         head = self.head
-        feats = np.stack(self._feats)
-        toks, p = np.asarray(self._toks), np.asarray(self._pos, np.int64)
-        self._feats, self._toks, self._pos = [], [], []
+        feats = np.stack(self._feats[:n])
+        toks, p = np.asarray(self._toks[:n]), np.asarray(self._pos[:n], np.int64)
+        del self._feats[:n], self._toks[:n], self._pos[:n]
         ring = p % WINDOW
         self._slot_pos[ring] = p
-        mask = np.zeros((len(p), WINDOW + TREE), bool)
+        mask = np.zeros((n, WINDOW + TREE), bool)
         seen = self._slot_pos[None, :]
         mask[:, :WINDOW] = (seen >= 0) & (seen <= p[:, None]) & (seen > p[:, None] - WINDOW)
         f = torch.from_numpy(feats).to(head.device, head.dtype)
         state, *outs = head.step(f, toks, p, ring, mask)
-        self._root_pos = int(p[-1])
-        self._state[0] = state[-1].clone()   # a graph's buffer on a GPU: the next step reuses it
-        return self._dists(*(o[-1:] for o in outs))[0]
+        return int(p[-1]), state, outs
 
     def evaluate(self, tree: DraftTree, nodes: Sequence[int]) -> list[Dist]:
         """Nodes whose parents have a state step together; a node checked along below another

@@ -113,7 +113,15 @@ class LlamaDraft:
         self._context.extend(tokens)
 
     def catch_up(self) -> None:
-        pass                  # accept rolls the draft's cache forward
+        """The committed tokens not in the cache yet, all but the root, as one prefill (the
+        engine times this apart from the round: decode.py). On stable shapes only a long
+        backlog, as evaluate_root would (its padded steps take the last `pad - 1`)."""
+        todo = self._context[self._cached:]
+        keep = max(1, self.pad - 1) if self.pad else 1   # left for evaluate_root, the root among them
+        if len(todo) <= (4 * keep if self.pad else 1):
+            return
+        self.model.prefill(todo[:-keep], self._cached)
+        self._cached += len(todo) - keep
 
     def cost_curve(self, costs: Costs) -> Costs:
         return costs          # calibrate.py measured this draft beside the target

@@ -173,7 +173,18 @@ class TorchDraft:
             self._root_logits = None
 
     def catch_up(self) -> None:
-        pass   # accepted tokens are cached at the next evaluate_root
+        """The committed tokens not cached yet, all but the root, into the cache (the engine
+        times this apart from the round: decode.py); the root goes in at evaluate_root."""
+        end = len(self.context) - 1
+        if self._root_logits is not None or end <= self.n_cached:
+            return
+        ctx = torch.tensor(self.context[self.n_cached:end], dtype=torch.int64)
+        for a in range(self.n_cached, end, _PREFILL_CHUNK):
+            b = min(a + _PREFILL_CHUNK, end)
+            idx = torch.arange(a, b)                                  # positions == slots
+            causal = torch.ones(b - a, b, dtype=torch.bool).tril(a)   # row i sees slots 0..a+i
+            self.lm.forward(ctx[a - self.n_cached:b - self.n_cached], idx, idx, causal, last_only=True)
+        self.n_cached = end
 
     def cost_curve(self, costs: Costs) -> Costs:
         return torch_draft_costs(costs, self.lm, self.source)

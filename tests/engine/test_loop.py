@@ -74,3 +74,28 @@ def test_rounds_keep_their_modes_rules(tiny, mode):
     if mode is not Shapes.STABLE:                 # chosen every round: the first measure each arm
         first = [planned.arm for planned, *_ in generations[0]][:len(policy.arms)]
         assert len(set(first)) == len(first), first
+
+
+def test_a_round_is_charged_without_the_catching_up_its_stages_owe(tiny):
+    """What a stage owes for rounds it sat out (decode.py `_propose`) is spent in the round that
+    runs it, but the bandit charges the round's arm without it: here every catch-up takes 30 ms,
+    far above any of these tiny rounds, and no round is charged that much."""
+    import time
+
+    session = Session(Options(tiny.target_gguf, draft=tiny.draft_gguf, n_ctx=512, n_threads=1,
+                              calibrate=False))
+    try:
+        policy = make_policy(TreeBudget(max_nodes=16, adaptive=True), session.stages, MODES[Shapes.FREE][1], False)
+        engine = Engine(session.engine.target, session.stages, policy)
+        slow = 0.03
+        for d in session.stages:
+            d.catch_up = (lambda inner: lambda: (time.sleep(slow), inner())[1])(d.catch_up)
+        charged: list[float] = []
+        update = policy.bandit.update
+        policy.bandit.update = lambda arm, tokens, seconds: (charged.append(seconds), update(arm, tokens, seconds))[1]
+        tokens = session.raw_prompt(PROMPT)
+        got = finish(engine.generate(GenerationRequest(tuple(tokens), MAX_TOKENS)))
+    finally:
+        session.close()
+    assert len(charged) == got.stats.target_calls and got.stats.seconds["propose"] >= slow   # they ran
+    assert max(charged) < slow, sorted(charged)[-5:]
