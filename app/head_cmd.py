@@ -76,7 +76,6 @@ def _info(path: Path) -> int:
 
 def _train(args: argparse.Namespace) -> int:
     from localspec.engine import torch_lm  # noqa: F401  (torch before llama.cpp)
-    from localspec.engine.drafters.head import target_tables
     from localspec.engine.llama_model import LlamaModel
     from localspec.engine.head_train import (collect, function_prompts, generate_corpus, join, load_corpus,
                                              save_corpus)
@@ -125,16 +124,14 @@ def _train(args: argparse.Namespace) -> int:
         first = next(prompts, None) if args.generated_tokens > 0 else None
         if first is None and args.generated_tokens > 0:
             report.say("no function with a docstring in the text: nothing for the target to continue")
-        tables = None   # the target's embedding, output matrix and norm: dequantised once, for both steps
         if first is not None:
-            tables = target_tables(model, None)
             width = max(1, min(args.parallel, 128))
             target = LlamaModel(model, n_ctx=width * (_PROMPT + _GEN), n_batch=max(512, width),
-                                n_seq_max=width, hidden=True, unified=False)   # a stream each
+                                n_seq_max=width, hidden=True, unified=False,   # a stream each
+                                greedy_on_device=True)
             try:
                 parts.append(generate_corpus(target, itertools.chain([first], prompts), args.generated_tokens,
-                                             gen_tokens=_GEN, prompt_tokens=_PROMPT, progress=report,
-                                             out_all=tables[1]))
+                                             gen_tokens=_GEN, prompt_tokens=_PROMPT, progress=report))
             finally:
                 target.close()
                 report.clear()
@@ -148,7 +145,7 @@ def _train(args: argparse.Namespace) -> int:
             save_corpus(kept, corpus, {"target_id": heads.target_id(model), "text": described})
             report.say(f"kept the corpus in {kept}")
         report.say(f"training on {len(corpus.tokens):,} tokens")
-        info = _train_corpus(args, model, out, corpus, report, described, tables)
+        info = _train_corpus(args, model, out, corpus, report, described)
     _wrote(args, out, info)
     return 0
 
@@ -164,8 +161,7 @@ def _train_on(args: argparse.Namespace, model: Path, out: Path, corpus, kept: di
     return 0
 
 
-def _train_corpus(args: argparse.Namespace, model: Path, out: Path, corpus, report, text: list,
-                  tables=None) -> dict:
+def _train_corpus(args: argparse.Namespace, model: Path, out: Path, corpus, report, text: list) -> dict:
     """Train the head on `corpus` as the flags say (`text`: what it was read from, for its meta);
     what training measured."""
     from localspec.engine.head_train import train
@@ -174,7 +170,7 @@ def _train_corpus(args: argparse.Namespace, model: Path, out: Path, corpus, repo
         info = train(corpus, model, out, vocab_size=args.draft_vocab, steps=args.steps, batch=args.batch,
                      length=args.length, ff=args.ff, seconds=None if args.minutes is None else 60 * args.minutes,
                      checkpoint=out.with_name(out.name + ".ckpt"), progress=report,
-                     meta={"target": model.name, "text": text}, tables=tables)
+                     meta={"target": model.name, "text": text})
     except ValueError as err:   # too little text to train on and to check the head on
         raise LocalspecError("Too little to learn from", str(err),
                              "Name more text, or raise --max-tokens") from None

@@ -151,23 +151,14 @@ def function_prompts(texts: Iterable[tuple[int, str]], context_lines: int = 30) 
 
 
 def generate_corpus(model, prompts: Iterable[tuple[int, str]], max_tokens: int, gen_tokens: int = 128,
-                    prompt_tokens: int = 384, progress: ProgressFn = _quiet,
-                    out_all: np.ndarray | None = None) -> Corpus:
+                    prompt_tokens: int = 384, progress: ProgressFn = _quiet) -> Corpus:
     """The target's own greedy continuations of `prompts`, `model.n_seq_max` at a time in one
-    batch per step (a LlamaModel opened with hidden=True): per token fed, the hidden state after
-    it. A head trained on these sees what it will draft from: the target's own text. `out_all`:
-    the target's output matrix (`target_tables`), when the caller has it dequantised already."""
+    batch per step (a LlamaModel opened with hidden=True and greedy_on_device=True: each step's
+    next tokens are chosen where the model runs, and no row's logits are copied out): per token
+    fed, the hidden state after it. A head trained on these sees what it will draft from: the
+    target's own text."""
     if not model.hidden:
         raise ValueError("generate_corpus() needs the target opened with hidden=True")
-    import torch
-
-    from .drafters.head import target_tables
-
-    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if out_all is None:
-        _, out_all, _ = target_tables(model.path, None)
-    out_t = torch.from_numpy(out_all).to(dev)                                # [V, d] f32
-    del out_all
     width, d = model.n_seq_max, model.n_embd
     tokens = np.zeros(max_tokens, np.int32)
     hidden = np.zeros((max_tokens, d), np.float16)
@@ -203,7 +194,7 @@ def generate_corpus(model, prompts: Iterable[tuple[int, str]], max_tokens: int, 
         for step in range(gen_tokens):
             model.decode(cur, pos, seqs, logits=True)
             state = model.hidden_rows()[:g]
-            nxt = (torch.from_numpy(state).to(dev) @ out_t.T).argmax(-1).cpu().numpy().astype(np.int32)
+            nxt = model.sampled(range(g))
             fed[step] = cur
             states[step] = state
             length += alive

@@ -76,7 +76,7 @@ class LlamaModel:
     def __init__(self, path: str | Path, *, n_ctx: int = 4096, n_batch: int = 512,
                  n_seq_max: int = 64, n_gpu_layers: int = -1, n_threads: int | None = None,
                  n_pad_seqs: int = 0, hidden: bool = False, exact: bool = False,
-                 unified: bool = True) -> None:
+                 unified: bool = True, greedy_on_device: bool = False) -> None:
         """n_seq_max: sequence ids 0..n_seq_max-1 for the caller; n_pad_seqs more after them are
         reserved for padding (decode's pad_to). hidden: every decode also hands back the final
         hidden state of each row with logits (`hidden_row`), what a draft head drafts from.
@@ -84,6 +84,10 @@ class LlamaModel:
         tags the context with every path); False splits n_ctx into one stream per sequence, so
         a row attends over its own sequence's cells only (many independent sequences at once:
         training a head on the target's continuations).
+        greedy_on_device: each sequence gets llama.cpp's backend greedy sampler (its experimental
+        backend-sampling API): a decode hands back each output row's most likely token
+        (`sampled`), chosen where the model runs, and no row's logits are copied out (`logits`
+        is then not to be read). A decode may output at most one row per sequence.
 
         exact: batch-invariant numerics, CPU only. Each row of a batch gets the logits it would
         get decoded alone, bit for bit, so verifying a draft tree computes what plain decoding
@@ -95,6 +99,7 @@ class LlamaModel:
         (native.ExactNumerics, held while open). Checked at load."""
         self._model = self._ctx = None
         self._exact: ExactNumerics | None = None
+        self._samplers: list = []   # backend greedy chains (greedy_on_device), freed after the context
         self.info: GGUFInfo = read_gguf(path)
         self.path = self.info.path
         self.exact = exact
@@ -142,6 +147,15 @@ class LlamaModel:
         cparams.no_perf = True
         if exact:
             cparams.flash_attn_type = lc.LLAMA_FLASH_ATTN_TYPE_ENABLED
+        if greedy_on_device:
+            configs = (lc.llama_sampler_seq_config * n_seq_max)()
+            for seq in range(n_seq_max):
+                chain = lc.llama_sampler_chain_init(lc.llama_sampler_chain_default_params())
+                lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_greedy())
+                self._samplers.append(chain)
+                configs[seq].seq_id, configs[seq].sampler = seq, ctypes.cast(chain, ctypes.c_void_p)
+            cparams.samplers = ctypes.cast(configs, type(cparams.samplers))
+            cparams.n_samplers = n_seq_max
         threads = self.n_threads = n_threads or default_threads()
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
@@ -359,6 +373,17 @@ class LlamaModel:
             raise RuntimeError(f"no hidden states in the last decode ({last_log()})")
         return np.ctypeslib.as_array(ptr, shape=(self._n_outputs, self.n_embd))
 
+    def sampled(self, rows: Sequence[int] | np.ndarray) -> np.ndarray:
+        """[len(rows)] int32: the token each batch row's sequence's backend greedy sampler chose
+        in the last decode (a model opened with greedy_on_device)."""
+        out = np.fromiter((lc.llama_get_sampled_token_ith(self._ctx, int(i)) for i in rows), np.int32, len(rows))
+        if out.size and out.min() < 0:
+            raise LocalspecError("llama.cpp's backend sampling chose no token",
+                                 f"rows {rows}: {last_log()}",
+                                 "Open the model without greedy_on_device (take the most likely "
+                                 "token from its logits), or update llama.cpp")
+        return out
+
     def prefill(self, tokens: Sequence[int], start: int, seq: int = 0, hidden_tail: int = 1) -> None:
         """Decode tokens at positions start.. in sequence `seq`, in n_batch chunks; last row kept.
         With hidden states, all but the last `hidden_tail` tokens go without them (llama.cpp would
@@ -420,6 +445,9 @@ class LlamaModel:
             lc.llama_batch_free(self._batch)
             lc.llama_free(self._ctx)
             self._ctx = None
+        for chain in getattr(self, "_samplers", ()):
+            lc.llama_sampler_free(chain)
+        self._samplers = []
         if getattr(self, "_model", None):
             lc.llama_model_free(self._model)
             self._model = None

@@ -104,7 +104,7 @@ def test_generated_continuations_are_the_targets_greedy_text_with_its_states(tin
     texts = [(i, whole[a:a + 200]) for i, a in enumerate(range(0, 1500, 300))]
     width, prompt_tokens, gen = 3, 24, 12
     many = LlamaModel(tiny.target_gguf, n_ctx=width * 64, n_batch=128, n_seq_max=width, hidden=True,
-                      unified=False, n_threads=1)
+                      unified=False, greedy_on_device=True, n_threads=1)
     try:
         got = generate_corpus(many, iter(texts), 10_000, gen_tokens=gen, prompt_tokens=prompt_tokens)
     finally:
