@@ -11,7 +11,9 @@ $(VENV)/.installed: pyproject.toml packaging/build-llama-wheel.sh $(wildcard pac
 	$(BIN)/pip install -q --upgrade pip
 	# CPU build of torch: the local 2.13.0 file where it exists, else PyTorch's CPU index
 	$(BIN)/pip install -q "torch==2.13.0" || $(BIN)/pip install -q torch --index-url https://download.pytorch.org/whl/cpu
-	$(BIN)/pip install -q "$$(PYTHON=$(BIN)/python packaging/build-llama-wheel.sh)"
+	# a rebuilt wheel (another patch) keeps the version: pip would keep the one installed
+	whl="$$(PYTHON=$(BIN)/python packaging/build-llama-wheel.sh)" && $(BIN)/pip install -q "$$whl" && \
+		$(BIN)/pip install -q --force-reinstall --no-deps "$$whl"
 	$(BIN)/pip install -q -e ".[test]"
 	touch $@
 

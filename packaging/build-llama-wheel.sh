@@ -37,8 +37,13 @@ if [ -z "$whl" ]; then
   tmp=$(mktemp -d "$dir.tmp.XXXX")
   src="llama-cpp-python==$ver"
   if [ -n "$patches" ]; then   # the sdist, patched, built from its folder
-    $python -m pip download -q --no-cache-dir --no-deps --no-binary=:all: "$src" -d "$tmp/sdist" >&2
-    tar xzf "$tmp"/sdist/llama_cpp_python-*.tar.gz -C "$tmp/sdist"
+    mkdir -p "$tmp/sdist"
+    sdist=${LLAMA_CPP_PYTHON_SDIST:-}   # a local copy of that sdist (offline builds), else PyPI's
+    if [ -z "$sdist" ]; then
+      $python -m pip download -q --no-cache-dir --no-deps --no-binary=:all: "$src" -d "$tmp/sdist" >&2
+      sdist=$(ls "$tmp"/sdist/llama_cpp_python-*.tar.gz)
+    fi
+    tar xzf "$sdist" -C "$tmp/sdist"
     src=$(ls -d "$tmp"/sdist/llama_cpp_python-*/)
     for p in $patches; do
       if command -v patch >/dev/null; then patch -s -p1 -d "$src" < "$p"
