@@ -128,9 +128,15 @@ def has_exact_switches() -> bool:
 
 
 def has_multicol_kernels() -> bool:
-    """Whether ggml's CPU matmul here has packaging/patches' multi-column Q4_K/Q6_K kernels (built
-    where the CPU has AVX-512 VNNI, or AVX2)."""
+    """Whether ggml's CPU matmul here has packaging/patches' multi-column Q4_K/Q5_K/Q6_K kernels
+    (built where the CPU has AVX-512 VNNI, or AVX2)."""
     return has_marker("localspec_multicol_switch")
+
+
+def has_multicol_q8_0_kernels() -> bool:
+    """Whether the multi-column kernels here also take Q8_0 rows and repacked Q4_0 (packaging/patches'
+    second multicol patch; AVX-512 VNNI builds only)."""
+    return has_marker("localspec_multicol_q8_0_switch")
 
 
 def has_tiled_min_switch() -> bool:

@@ -20,8 +20,8 @@ args+=" -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
 args+=" -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF"
 args+=" -DLLAMA_BUILD_SERVER=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF"
 # every build carries packaging/patches (see packaging/README.md): one CUDA graph per batch shape
-# (CUDA); switches for ggml's split-KV attention and tiled matmul, and multi-column Q4_K/Q6_K
-# kernels for small batches (CPU)
+# (CUDA); switches for ggml's split-KV attention and tiled matmul, and multi-column Q4_K/Q5_K/Q6_K
+# (and, with AVX-512 VNNI, Q8_0 and repacked Q4_0) kernels for small batches (CPU)
 patches=$(ls "$(dirname "$0")"/patches/*.patch 2>/dev/null || true)
 if [ "${LOCALSPEC_CUDA:-0}" = 1 ]; then
   args+=" -DGGML_CUDA=on"

@@ -1,37 +1,61 @@
-"""packaging/patches' multi-column Q4_K / Q6_K kernels, against ggml's own kernels.
+"""packaging/patches' multi-column kernels, against ggml's own kernels.
 
-A batch of 2..16 activation columns of a Q4_K or Q6_K mul_mat takes the kernels when
-GGML_CPU_MULTICOL_MAX allows it (unset: 16) and ggml's own when it is 0: one build, both paths,
-switched per call. Three layouts: Q4_K and Q6_K rows as stored (ggml's vec_dot per column), and
-Q4_K repacked 8 rows at a time in the CPU backend's extra buffer (the layout llama.cpp loads
-Q4_K weights in; ggml's gemm/gemv). On random weights and activations, for every width 1..16,
+A batch of 2..16 activation columns of a Q4_K, Q5_K, Q6_K or Q8_0 mul_mat (plain rows) or of a
+Q4_K or Q4_0 one repacked 8 rows at a time (the CPU backend's extra buffer: the layouts llama.cpp
+loads Q4_K and Q4_0 weights in on AVX2 CPUs) takes the kernels when GGML_CPU_MULTICOL_MAX allows
+it (unset: 16) and ggml's own when it is 0: one build, both paths, switched per call. ggml's own are
+vec_dot per column for the K-quants' plain rows, llamafile's tinyBLAS for Q8_0 rows from 2 columns,
+gemm/gemv for the repacked layouts. On random weights and activations, for every width 1..16,
 the kernels' output lies within a stated tolerance of ggml's, and each column's output is the
 same bit for bit at every width from 2 up; the patch's call counter shows they ran (on AVX2 the
-Q6_K kernel sums exactly as ggml's own, so its output alone could not). ggml is driven through
-its C API (ctypes), no model.
+Q6_K kernel sums exactly as ggml's own, so its output alone could not). The Q8_0 and Q4_0 kernels
+exist in AVX-512 VNNI builds only (native.has_multicol_q8_0_kernels). ggml is driven through its C
+API (ctypes), no model.
 """
 from __future__ import annotations
 
 import ctypes
 import functools
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
 
 from localspec.engine import native
 
-Q4_K, Q6_K = 12, 14          # enum ggml_type
+Q4_0, Q8_0, Q4_K, Q5_K, Q6_K = 2, 8, 12, 13, 14   # enum ggml_type
 F32 = 0
-ROWS, K, COLS = 96, 768, 16  # three 256-code blocks a row
+ROWS, COLS = 96, 16
 # the kernels sum in another order than ggml's: float rounding, relative to the output's scale
 TOLERANCE = 2e-5
-# ggml's own result against the float product of the unquantized inputs (4-/6-bit weights,
+# ggml's own result against the float product of the unquantized inputs (4- to 8-bit weights,
 # 8-bit activations): a sanity bound on the reference, relative to the output's scale
 QUANTIZATION_ERROR = 0.1
+
+
+@dataclass(frozen=True)
+class Case:
+    """One layout the kernels take: a weight type, repacked or not, and the row length."""
+    name: str
+    kind: int
+    repack: bool = False
+    k: int = 768          # three 256-code blocks a row
+    q8_0: bool = False    # a kernel of multicol-q8_0.h (AVX-512 VNNI builds only)
+
+
+CASES = [Case("Q4_K", Q4_K), Case("Q5_K", Q5_K), Case("Q6_K", Q6_K),
+         Case("Q8_0", Q8_0, k=800, q8_0=True),   # 25 blocks: a pair's odd last block
+         Case("Q4_K-repacked", Q4_K, repack=True),
+         Case("Q4_0-repacked", Q4_0, repack=True, q8_0=True)]
 
 pytestmark = pytest.mark.skipif(not native.has_multicol_kernels(),
                                 reason="llama.cpp built without the multi-column kernels "
                                        "(they need AVX-512 VNNI or AVX2, and packaging/patches)")
+
+
+def _built(case: Case) -> None:
+    if case.q8_0 and not native.has_multicol_q8_0_kernels():
+        pytest.skip("the Q8_0 / Q4_0 kernels are built for AVX-512 VNNI CPUs only")
 
 
 class _InitParams(ctypes.Structure):
@@ -96,25 +120,26 @@ def _repack_buffer_type(base: ctypes.CDLL, cpu: ctypes.CDLL) -> int:
 
 def _mul_mat(kind: int, weights: np.ndarray, acts: np.ndarray, multicol: str,
              repack: bool = False, min_cols: str = "2") -> np.ndarray:
-    """ggml_mul_mat of `weights` (ROWS x K f32, quantized to `kind`; in the repacking buffer
-    type when `repack`) by the columns of `acts` (n x K f32) on 2 threads, with
+    """ggml_mul_mat of `weights` (ROWS x k f32, quantized to `kind`; in the repacking buffer
+    type when `repack`) by the columns of `acts` (n x k f32) on 2 threads, with
     GGML_CPU_MULTICOL_MAX=multicol and GGML_CPU_MULTICOL_MIN=min_cols: n x ROWS f32."""
     base, cpu = _ggml()
-    quantized = np.zeros(ROWS * K, dtype=np.uint8)     # more than any 4-/6-bit row needs
+    k = weights.shape[1]
+    quantized = np.zeros(2 * ROWS * k, dtype=np.uint8)     # more than any row up to 8 bits needs
     src = np.ascontiguousarray(weights, dtype=np.float32)
-    base.ggml_quantize_chunk(kind, src.ctypes.data, quantized.ctypes.data, 0, ROWS, K, None)
+    base.ggml_quantize_chunk(kind, src.ctypes.data, quantized.ctypes.data, 0, ROWS, k, None)
     ctx = base.ggml_init(_InitParams(64 << 20, None, False))
     wctx = buffer = None
     try:
         if repack:   # the weights alone in a context of their own, allocated in that buffer type
             wctx = base.ggml_init(_InitParams(1 << 20, None, True))
-            w = base.ggml_new_tensor_2d(wctx, kind, K, ROWS)
+            w = base.ggml_new_tensor_2d(wctx, kind, k, ROWS)
             buffer = base.ggml_backend_alloc_ctx_tensors_from_buft(wctx, _repack_buffer_type(base, cpu))
             base.ggml_backend_tensor_set(w, quantized.ctypes.data, 0, base.ggml_nbytes(w))
         else:
-            w = base.ggml_new_tensor_2d(ctx, kind, K, ROWS)
+            w = base.ggml_new_tensor_2d(ctx, kind, k, ROWS)
             ctypes.memmove(base.ggml_get_data(w), quantized.ctypes.data, base.ggml_nbytes(w))
-        x = base.ggml_new_tensor_2d(ctx, F32, K, len(acts))
+        x = base.ggml_new_tensor_2d(ctx, F32, k, len(acts))
         columns = np.ascontiguousarray(acts, np.float32)   # held: memmove reads it
         ctypes.memmove(base.ggml_get_data(x), columns.ctypes.data, columns.nbytes)
         y = base.ggml_mul_mat(ctx, w, x)
@@ -134,12 +159,13 @@ def _mul_mat(kind: int, weights: np.ndarray, acts: np.ndarray, multicol: str,
             base.ggml_backend_buffer_free(buffer)
 
 
-@pytest.mark.parametrize("kind, repack", [(Q4_K, False), (Q6_K, False), (Q4_K, True)],
-                         ids=["Q4_K", "Q6_K", "Q4_K-repacked"])
-def test_multicol_matches_ggml_at_every_width_and_columns_agree_across_widths(kind, repack):
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_multicol_matches_ggml_at_every_width_and_columns_agree_across_widths(case):
+    _built(case)
+    kind, repack = case.kind, case.repack
     rng = np.random.default_rng(kind + repack)
-    weights = rng.normal(size=(ROWS, K)).astype(np.float32)
-    acts = rng.normal(size=(COLS, K)).astype(np.float32) * rng.uniform(0.1, 3, size=(COLS, 1))
+    weights = rng.normal(size=(ROWS, case.k)).astype(np.float32)
+    acts = rng.normal(size=(COLS, case.k)).astype(np.float32) * rng.uniform(0.1, 3, size=(COLS, 1))
     calls = _kernel_calls()
     reference = _mul_mat(kind, weights, acts, "0", repack)    # ggml's own kernels
     assert _kernel_calls() == calls, "the kernels ran although switched off"
@@ -158,15 +184,16 @@ def test_multicol_matches_ggml_at_every_width_and_columns_agree_across_widths(ki
             assert np.array_equal(got, widest[:n]), f"a column's output changed at {n} columns"
 
 
-@pytest.mark.parametrize("kind, repack", [(Q4_K, False), (Q6_K, False), (Q4_K, True)],
-                         ids=["Q4_K", "Q6_K", "Q4_K-repacked"])
-def test_exact_switches_make_every_width_compute_a_column_alike(kind, repack):
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_exact_switches_make_every_width_compute_a_column_alike(case):
     """What exact numerics switch on (native.EXACT_SWITCHES): the kernels from one column up and past
     any batch, so a one-token decode's column is the same bit for bit as inside any verify."""
+    _built(case)
+    kind, repack = case.kind, case.repack
     exact = native.EXACT_SWITCHES
     rng = np.random.default_rng(100 + kind + repack)
-    weights = rng.normal(size=(ROWS, K)).astype(np.float32)
-    acts = rng.normal(size=(COLS, K)).astype(np.float32)
+    weights = rng.normal(size=(ROWS, case.k)).astype(np.float32)
+    acts = rng.normal(size=(COLS, case.k)).astype(np.float32)
     widest = _mul_mat(kind, weights, acts, exact[native.MULTICOL_MAX], repack, exact[native.MULTICOL_MIN])
     for n in range(1, COLS + 1):
         got = _mul_mat(kind, weights, acts[:n], exact[native.MULTICOL_MAX], repack, exact[native.MULTICOL_MIN])
