@@ -25,7 +25,7 @@ from localspec.engine import native
 
 Q4_0, Q8_0, Q4_K, Q5_K, Q6_K = 2, 8, 12, 13, 14   # enum ggml_type
 F32 = 0
-ROWS, COLS = 96, 16
+COLS = 16
 # the kernels sum in another order than ggml's: float rounding, relative to the output's scale
 TOLERANCE = 2e-5
 # ggml's own result against the float product of the unquantized inputs (4- to 8-bit weights,
@@ -40,11 +40,13 @@ class Case:
     kind: int
     repack: bool = False
     k: int = 768          # three 256-code blocks a row
+    rows: int = 96
     q8_0: bool = False    # a kernel of multicol-q8_0.h (AVX-512 VNNI builds only)
 
 
 CASES = [Case("Q4_K", Q4_K), Case("Q5_K", Q5_K), Case("Q6_K", Q6_K),
-         Case("Q8_0", Q8_0, k=800, q8_0=True),   # 25 blocks: a pair's odd last block
+         # 25 blocks a row; 13 groups of 8 rows, one cut by the 2 threads' chunks (52 rows each)
+         Case("Q8_0", Q8_0, k=800, rows=104, q8_0=True),
          Case("Q4_K-repacked", Q4_K, repack=True),
          Case("Q4_0-repacked", Q4_0, repack=True, q8_0=True)]
 
@@ -120,24 +122,24 @@ def _repack_buffer_type(base: ctypes.CDLL, cpu: ctypes.CDLL) -> int:
 
 def _mul_mat(kind: int, weights: np.ndarray, acts: np.ndarray, multicol: str,
              repack: bool = False, min_cols: str = "2") -> np.ndarray:
-    """ggml_mul_mat of `weights` (ROWS x k f32, quantized to `kind`; in the repacking buffer
+    """ggml_mul_mat of `weights` (rows x k f32, quantized to `kind`; in the repacking buffer
     type when `repack`) by the columns of `acts` (n x k f32) on 2 threads, with
-    GGML_CPU_MULTICOL_MAX=multicol and GGML_CPU_MULTICOL_MIN=min_cols: n x ROWS f32."""
+    GGML_CPU_MULTICOL_MAX=multicol and GGML_CPU_MULTICOL_MIN=min_cols: n x rows f32."""
     base, cpu = _ggml()
-    k = weights.shape[1]
-    quantized = np.zeros(2 * ROWS * k, dtype=np.uint8)     # more than any row up to 8 bits needs
+    rows, k = weights.shape
+    quantized = np.zeros(2 * rows * k, dtype=np.uint8)     # more than any row up to 8 bits needs
     src = np.ascontiguousarray(weights, dtype=np.float32)
-    base.ggml_quantize_chunk(kind, src.ctypes.data, quantized.ctypes.data, 0, ROWS, k, None)
+    base.ggml_quantize_chunk(kind, src.ctypes.data, quantized.ctypes.data, 0, rows, k, None)
     ctx = base.ggml_init(_InitParams(64 << 20, None, False))
     wctx = buffer = None
     try:
         if repack:   # the weights alone in a context of their own, allocated in that buffer type
             wctx = base.ggml_init(_InitParams(1 << 20, None, True))
-            w = base.ggml_new_tensor_2d(wctx, kind, k, ROWS)
+            w = base.ggml_new_tensor_2d(wctx, kind, k, rows)
             buffer = base.ggml_backend_alloc_ctx_tensors_from_buft(wctx, _repack_buffer_type(base, cpu))
             base.ggml_backend_tensor_set(w, quantized.ctypes.data, 0, base.ggml_nbytes(w))
         else:
-            w = base.ggml_new_tensor_2d(ctx, kind, k, ROWS)
+            w = base.ggml_new_tensor_2d(ctx, kind, k, rows)
             ctypes.memmove(base.ggml_get_data(w), quantized.ctypes.data, base.ggml_nbytes(w))
         x = base.ggml_new_tensor_2d(ctx, F32, k, len(acts))
         columns = np.ascontiguousarray(acts, np.float32)   # held: memmove reads it
@@ -149,7 +151,7 @@ def _mul_mat(kind: int, weights: np.ndarray, acts: np.ndarray, multicol: str,
                               native.TILED_MIN: str(1 << 30)}):
             assert cpu.ggml_graph_compute_with_ctx(ctx, graph, 2) == 0
         out = np.ctypeslib.as_array(ctypes.cast(base.ggml_get_data(y), ctypes.POINTER(ctypes.c_float)),
-                                    shape=(len(acts), ROWS))
+                                    shape=(len(acts), rows))
         return out.copy()
     finally:
         base.ggml_free(ctx)
@@ -164,7 +166,7 @@ def test_multicol_matches_ggml_at_every_width_and_columns_agree_across_widths(ca
     _built(case)
     kind, repack = case.kind, case.repack
     rng = np.random.default_rng(kind + repack)
-    weights = rng.normal(size=(ROWS, case.k)).astype(np.float32)
+    weights = rng.normal(size=(case.rows, case.k)).astype(np.float32)
     acts = rng.normal(size=(COLS, case.k)).astype(np.float32) * rng.uniform(0.1, 3, size=(COLS, 1))
     calls = _kernel_calls()
     reference = _mul_mat(kind, weights, acts, "0", repack)    # ggml's own kernels
@@ -192,7 +194,7 @@ def test_exact_switches_make_every_width_compute_a_column_alike(case):
     kind, repack = case.kind, case.repack
     exact = native.EXACT_SWITCHES
     rng = np.random.default_rng(100 + kind + repack)
-    weights = rng.normal(size=(ROWS, case.k)).astype(np.float32)
+    weights = rng.normal(size=(case.rows, case.k)).astype(np.float32)
     acts = rng.normal(size=(COLS, case.k)).astype(np.float32)
     widest = _mul_mat(kind, weights, acts, exact[native.MULTICOL_MAX], repack, exact[native.MULTICOL_MIN])
     for n in range(1, COLS + 1):
