@@ -3,7 +3,8 @@ per weight type and batch width, through ggml's graph on the installed llama.cpp
 LLAMA_CPP_LIB_PATH names): activations quantized, threads and all, as a model's matmul runs.
 
 Each (type, width) runs both sides interleaved, REPS rounds of a few calls each, and reports the
-medians. The repacked layouts (Q4_K, Q4_0) are allocated in the CPU backend's repacking buffer type,
+medians. The kernels' side runs from one column (GGML_CPU_MULTICOL_MIN=1), so width 1 shows what
+they cost there (by default one column keeps ggml's kernels). The repacked layouts (Q4_K, Q4_0) are allocated in the CPU backend's repacking buffer type,
 the others as plain rows. ggml's tiled matmul is switched out of the way (TILED_MIN) on both sides.
 
     .venv/bin/python dev/multicol/matmul_timing.py [--threads 2] [--reps 15] > out.txt
@@ -112,7 +113,8 @@ def main() -> None:
             times = {"0": [], "16": []}
             for _ in range(args.reps):
                 for side in ("0", "16"):
-                    with native.switches({native.MULTICOL_MAX: side, native.TILED_MIN: str(1 << 30)}):
+                    with native.switches({native.MULTICOL_MAX: side, native.MULTICOL_MIN: "1",
+                                          native.TILED_MIN: str(1 << 30)}):
                         cpu.ggml_graph_compute_with_ctx(ctx, graph, args.threads)
                         t0 = time.perf_counter()
                         for _ in range(3):

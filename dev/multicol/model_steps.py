@@ -4,7 +4,8 @@ for each GGUF given: the model-level counterpart of matmul_timing.py (dev/multic
 makes a Q8_0, Q4_0 or Q5_K_S file from the reference target). Three sides: ggml's kernels and the
 multi-column ones with ggml's tiled matmul floor at --tiled-min (default 24: what calibration chose
 on the Xeon of decision 0022), and ggml's kernels with its shipped floor of 8 (the tiled path takes
-the K-quants from 8 rows; Q8_0 and Q4_0 are not tiled).
+the K-quants from 8 rows; Q8_0 and Q4_0 are not tiled). The kernels' side runs from one row
+(GGML_CPU_MULTICOL_MIN=1): its 1-row figure is theirs, where by default ggml's kernels take it.
 
     .venv/bin/python dev/multicol/model_steps.py MODEL.gguf [MODEL.gguf ...] [--reps 7]
 """
@@ -44,7 +45,7 @@ def main() -> None:
         print(f"{path}: median of {args.reps}, ms per decode of n tokens")
         sides = {"ggml": {native.MULTICOL_MAX: "0", native.TILED_MIN: args.tiled_min},
                  "ggml, tiled from 8": {native.MULTICOL_MAX: "0", native.TILED_MIN: "8"},
-                 "multicol": {native.MULTICOL_MAX: "16", native.TILED_MIN: args.tiled_min}}
+                 "multicol": {native.MULTICOL_MAX: "16", native.MULTICOL_MIN: "1", native.TILED_MIN: args.tiled_min}}
         print(f"n | {' | '.join(sides)} | multicol / ggml | ggml in steps | multicol in steps"
               f"   (tiled floor {args.tiled_min} unless named)")
         times: dict[str, dict[int, list[float]]] = {side: {} for side in sides}
