@@ -302,7 +302,7 @@ def pooled_ratio(pairs: Sequence[tuple[Run, Run]]) -> float:
     (variant, baseline) of one prompt each: bench's tok/s ratio."""
     tv, sv = sum(v.tokens for v, _ in pairs), sum(v.seconds for v, _ in pairs)
     tb, sb = sum(b.tokens for _, b in pairs), sum(b.seconds for _, b in pairs)
-    return (tv / sv) / (tb / sb)
+    return (tv / sv) / (tb / sb) if tb and sv else float("nan")   # nan: nothing generated to compare
 
 
 def interval(groups: Mapping[str, Sequence[tuple[Run, Run]]], level: float = 0.95, draws: int = 4000,
@@ -322,14 +322,22 @@ def interval(groups: Mapping[str, Sequence[tuple[Run, Run]]], level: float = 0.9
 
 
 MIN_PROMPTS = 5   # an interval over fewer prompts is shown but judges nothing
+CONTROL = "repeat"
 
 
-def verdict(overall: tuple[float, float], by_workload: Mapping[str, tuple[float, float]]) -> str:
-    """From a variant's intervals (variant / baseline; those over MIN_PROMPTS or more): "pays" when
-    the shipped value is faster beyond the spread (the variant's interval below 1) overall or on a
-    workload and slower on none; "costs" the other way; "mixed" both; else "within spread"."""
-    spans = [overall, *by_workload.values()]
-    pays, costs = any(hi < 1 for _, hi in spans), any(lo > 1 for lo, _ in spans)
+def margins(control: Mapping[str, tuple[float, float]]) -> dict[str, float]:
+    """How far from 1 the A/A control's intervals reach, by key ("all" and each workload): the
+    drift and order effects that a bootstrap over prompts does not see."""
+    return {k: max(0.0, 1 - lo, hi - 1) for k, (lo, hi) in control.items()}
+
+
+def verdict(spans: Mapping[str, tuple[float, float]], margin: Mapping[str, float]) -> str:
+    """From a variant's intervals (variant / baseline; "all" and each workload with MIN_PROMPTS or
+    more): beyond the spread where an interval lies wholly outside 1 -/+ the control's margin for
+    that key. "pays" when the shipped value is faster beyond it (the variant below) overall or on
+    a workload and slower on none; "costs" the other way; "mixed" both; else "within spread"."""
+    pays = any(hi < 1 - margin.get(k, 0.0) for k, (_, hi) in spans.items())
+    costs = any(lo > 1 + margin.get(k, 0.0) for k, (lo, _) in spans.items())
     return "mixed" if pays and costs else "pays" if pays else "costs" if costs else "within spread"
 
 
@@ -346,53 +354,65 @@ def _paired(runs: Sequence[Run], name: str, base: str = "baseline") -> dict[str,
 def summarize(runs: Sequence[Run], chosen: Sequence[Variant], workload_of: Mapping[str, str],
               level: float = 0.95, draws: int = 4000) -> list[dict]:
     """A row per configuration: tok/s, tokens per call, identical to plain; for the variants the
-    ratio to the baseline with its interval, overall, by workload and by block, and the verdict."""
-    rows = []
+    ratio to the baseline with its interval, overall, by workload and by block, and the verdict
+    (against the control's margins where the control ran)."""
+    rows, spans = [], {}
     for name in ["plain", "baseline", *(v.name for v in chosen)]:
         mine = [r for r in runs if r.config == name and not r.disturbed]
-        if not mine:
-            continue
         tokens, seconds, calls = (sum(getattr(r, f) for r in mine) for f in ("tokens", "seconds", "calls"))
         if not tokens:
-            continue      # every prompt ended at once: nothing to compare
+            continue      # not run, or every prompt ended at once: nothing to compare
         judged = [r.identical for r in mine if r.identical is not None]
         row: dict = {"config": name, "tok_s": round(tokens / seconds, 2), "tokens_per_call": round(tokens / calls, 3),
                      "tokens": tokens, "prompts": len(mine),
                      "identical": f"{sum(judged)}/{len(judged)}" if judged else None}
         groups = _paired(runs, name)
-        if name != "plain" and name != "baseline" and groups:
+        if name not in ("plain", "baseline") and groups:
             workloads: dict[str, dict[str, list]] = {}
             for block, pairs in groups.items():
-                workloads.setdefault(workload_of[block], {})[block] = pairs
-            spans = {w: interval(g, level, draws) for w, g in workloads.items()}
-            counted = {w: spans[w] for w, g in workloads.items() if sum(map(len, g.values())) >= MIN_PROMPTS}
+                if any(b.tokens for _, b in pairs):   # a block whose prompts all ended at once says nothing
+                    workloads.setdefault(workload_of[block], {})[block] = pairs
             row["ratio"] = round(pooled_ratio([p for g in groups.values() for p in g]), 3)
             row["interval"] = [round(x, 3) for x in interval(groups, level, draws)]
             row["by_workload"] = {w: {"ratio": round(pooled_ratio([p for g in gs.values() for p in g]), 3),
-                                      "interval": [round(x, 3) for x in spans[w]]} for w, gs in workloads.items()}
+                                      "interval": [round(x, 3) for x in interval(gs, level, draws)],
+                                      "prompts": sum(map(len, gs.values()))} for w, gs in workloads.items()}
             row["by_block"] = {b: round(pooled_ratio(g), 3) for b, g in groups.items()}
-            pairs = sum(map(len, groups.values()))
-            row["verdict"] = (verdict(tuple(row["interval"]), counted) if pairs >= MIN_PROMPTS
-                              else f"fewer than {MIN_PROMPTS} prompts")
+            spans[name] = {"all": tuple(row["interval"]), **{w: tuple(x["interval"]) for w, x in row["by_workload"].items()
+                                                            if x["prompts"] >= MIN_PROMPTS}}
+            if sum(map(len, groups.values())) < MIN_PROMPTS:
+                spans.pop(name)
+                row["verdict"] = f"fewer than {MIN_PROMPTS} prompts"
         rows.append(row)
+    margin = margins(spans.pop(CONTROL, {}))
+    for row in rows:
+        if row["config"] == CONTROL and "verdict" not in row:
+            row["verdict"] = "the control: margins " + ", ".join(f"{k} {m:.3f}" for k, m in margin.items())
+            row["margin"] = {k: round(m, 3) for k, m in margin.items()}
+        elif row["config"] in spans:
+            row["verdict"] = verdict(spans[row["config"]], margin)
     return rows
 
 
 def format_table(report: dict) -> str:
     level = round(100 * report["level"])
-    lines = [f"{report['machine']}, {report['threads']} threads; commit {report['commit']}; target {Path(report['target']).name}; {report['max_tokens']} new tokens, "
-             f"T={report['temperature']}; blocks: {', '.join(report['blocks'])}",
+    workloads = list(dict.fromkeys(b.split("#")[0] for b in report["blocks"]))
+    lines = [f"{report['machine']}, {report['threads']} threads; commit {report['commit']}",
+             f"target {Path(report['target']).name}; {report['max_tokens']} new tokens, T={report['temperature']}; "
+             f"blocks: {', '.join(report['blocks'])}",
              f"baseline: stages {'+'.join(report['stages'])}, {report['budget']}; n-grams: {report['ngram_source']}",
-             f"ratio = variant tok/s / baseline tok/s, pooled; [{level}% interval: bootstrap over prompts "
-             "within blocks]",
-             f"{'config':<18}{'tok/s':>7}{'tok/call':>9}{'ratio':>7}  {'interval':<14}"
-             f"{'by workload':<44}{'identical':>10}  verdict", "-" * 120]
+             f"ratio: variant tok/s / baseline tok/s, pooled over prompts; [{level}% interval: bootstrap over prompts "
+             f"within blocks]; beyond spread: an interval outside 1 -/+ the control's ({CONTROL}) reach from 1",
+             f"{'config':<18}{'tok/s':>7}{'tok/call':>9}{'ratio':>7}  {'interval':<15}"
+             + "".join(f"{w[:10]:<22}" for w in workloads) + f"{'identical':>10}  verdict", "-" * 150]
     for r in report["rows"]:
         span = "[{:.3f},{:.3f}]".format(*r["interval"]) if "interval" in r else ""
         ratio = f"{r['ratio']:.3f}" if "ratio" in r else ""
-        by = " ".join(f"{w[:4]} {x['ratio']:.2f}" for w, x in r.get("by_workload", {}).items())
-        lines.append(f"{r['config']:<18}{r['tok_s']:>7.2f}{r['tokens_per_call']:>9.2f}{ratio:>7}  {span:<14}"
-                     f"{by:<44}{r['identical'] or '-':>10}  {r.get('verdict', '')}")
+        by = r.get("by_workload", {})
+        cells = "".join((f"{by[w]['ratio']:.2f} [{by[w]['interval'][0]:.2f},{by[w]['interval'][1]:.2f}]"
+                         if w in by else "") .ljust(22) for w in workloads)
+        lines.append(f"{r['config']:<18}{r['tok_s']:>7.2f}{r['tokens_per_call']:>9.2f}{ratio:>7}  {span:<15}"
+                     f"{cells}{r['identical'] or '-':>10}  {r.get('verdict', '')}")
     lines.append("")
     for v in report["variants"]:
         lines.append(f"{v['name']}: {v['constant']} ({v['where']}) -> {v['change']}"
@@ -408,9 +428,11 @@ def format_table(report: dict) -> str:
 
 # --- the command ------------------------------------------------------------------------------
 
-PRESETS = {   # sets, repetitions, new tokens a prompt, --stop-after
-    "cpu": ("humaneval:12,newcode:7,edit:6", 2, 128, 4200),
-    "gpu": ("humaneval:8,newcode:6,edit:6,chat:4", 2, 256, 170),
+# sets, repetitions, new tokens a prompt, --stop-after, whether other processes' CPU use counts
+# (a GPU's target does not share the host's cores: there a build or a copy running beside it is fine)
+PRESETS = {
+    "cpu": ("humaneval:12,newcode:7,edit:6", 2, 128, 4200, True),
+    "gpu": ("humaneval:8,newcode:6,edit:6,chat:4", 2, 256, 170, False),
 }
 
 
@@ -437,10 +459,11 @@ def _commit() -> str | None:
     """The checkout's commit, and the tracked files that differ from it (None: not a git checkout)."""
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], capture_output=True, text=True, check=True,
-                              cwd=Path(__file__).parent).stdout.strip()
+                              cwd=Path(__file__).parent).stdout
     try:
         changed = [line[3:] for line in git("status", "--porcelain", "--untracked-files=no").splitlines()]
-        return git("rev-parse", "--short", "HEAD") + (f" with changes to {', '.join(changed)}" if changed else "")
+        return git("rev-parse", "--short", "HEAD").strip() + (f" with changes to {', '.join(changed)}"
+                                                             if changed else "")
     except (OSError, subprocess.CalledProcessError):
         return None
 
@@ -457,9 +480,29 @@ def write(out: Path, report: dict, runs: Sequence[Run], chosen: Sequence[Variant
     (out / "ablation.txt").write_text(format_table(report) + ("\n" if complete else "\n(incomplete)\n"))
 
 
-def _blocks(session, sets: str, reps: int) -> list[Block]:
-    """Each "workload:N" set, repetition r taking prompts [r*N, (r+1)*N), tokenised by `session`;
-    repetition by repetition, so a run stopped early (--stop-after) lacks the last one's tail."""
+def joined(reports: Sequence[dict]) -> tuple[dict, list[Run]]:
+    """Several runs' reports as one (the first's settings) and their runs; a block that a later
+    report ran too is taken from the later one."""
+    report = dict(reports[0])
+    runs: list[Run] = []
+    for r in reports:
+        mine = [Run(**x) for x in r["runs"]]
+        ran = {x.block for x in mine}
+        runs = [x for x in runs if x.block not in ran] + mine
+    report["blocks"] = list(dict.fromkeys(b for r in reports for b in r["blocks"] if any(x.block == b for x in runs)))
+    names = {v["name"] for v in report["variants"]}
+    report["variants"] = report["variants"] + [v for r in reports[1:] for v in r["variants"] if v["name"] not in names]
+    report["commit"] = "; ".join(dict.fromkeys(str(r["commit"]) for r in reports))
+    report["wall_seconds"] = round(sum(r.get("wall_seconds", 0) for r in reports), 1)
+    report["complete"] = all(r["complete"] for r in reports)
+    report["processes"] = len(reports)
+    return report, runs
+
+
+def _blocks(session, sets: str, reps: int, first: int = 1) -> list[Block]:
+    """Each "workload:N" set, repetition r (from `first` to `reps`) taking prompts [(r-1)*N, r*N),
+    tokenised by `session`; repetition by repetition, so a run stopped early (--stop-after) lacks
+    the last one's tail."""
     from localspec.app import workloads
 
     built = []
@@ -468,7 +511,7 @@ def _blocks(session, sets: str, reps: int) -> list[Block]:
         built.append((workload, int(n), workloads.build(workload, int(n) * reps, session.raw_prompt,
                                                         session.chat_prompt)))
     return [Block(f"{workload}#{r + 1}", workload, tuple(prompts[r * n:(r + 1) * n]))
-            for r in range(reps) for workload, n, prompts in built if prompts[r * n:(r + 1) * n]]
+            for r in range(first - 1, reps) for workload, n, prompts in built if prompts[r * n:(r + 1) * n]]
 
 
 def run(options, blocks: Sequence[Block], store, source: str, out: Path, request: Callable[[tuple], Any], *,
@@ -481,7 +524,7 @@ def run(options, blocks: Sequence[Block], store, source: str, out: Path, request
     from localspec.engine.build import load
     from localspec.engine.shapes import Shapes
 
-    started = time.time()
+    started, commit = time.time(), _commit()
     stage_names = options.stages
     neural = tuple(s for s in stage_names if s not in ("maxgram", "personal"))
     top = max(v.budget_of(options.budget).max_nodes for v in variants(False))
@@ -496,7 +539,7 @@ def run(options, blocks: Sequence[Block], store, source: str, out: Path, request
         sampling = request(()).sampling
         report: dict = {
             "machine": _machine(loaded.model.n_gpu_layers != 0), "threads": loaded.model.n_threads,
-            "commit": _commit(), "target": str(options.model), "draft": options.draft and str(options.draft),
+            "commit": commit, "target": str(options.model), "draft": options.draft and str(options.draft),
             "stages": list(stage_names), "budget": f"adaptive, up to {options.budget.max_nodes} nodes",
             "arms": [str(a) for a in base.policy.arms], "shapes": base.policy.shapes.value,
             "calibration": loaded.costs.to_dict() if loaded.costs else None, "ngram_source": source,
@@ -528,6 +571,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--preset", choices=list(PRESETS), help="default: gpu where llama.cpp offloads, else cpu")
     p.add_argument("--sets", help="comma-separated WORKLOAD:N (humaneval, newcode, edit, chat)")
     p.add_argument("--reps", type=int, help="repetitions, each over the next N prompts of every set")
+    p.add_argument("--first-rep", type=int, default=1,
+                   help="run repetitions from this one on (another process's share of a split run; --from joins them)")
     p.add_argument("--max-tokens", type=int)
     p.add_argument("--stop-after", type=float, help="seconds of measuring after which no prompt begins")
     p.add_argument("--variants", help="comma-separated names (default: all that can change something here)")
@@ -541,19 +586,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="the policy a GPU runs (its arms, its batch shapes) on this machine: tries the "
                         "GPU's variants here")
     p.add_argument("--ignore-load", action="store_true",
-                   help="whatever else runs on the machine: no waiting for it, no prompt run again (see QUIET)")
+                   help="whatever else runs on the machine: no waiting for it, no prompt run again (see QUIET; "
+                        "the gpu preset's default)")
     p.add_argument("--level", type=float, default=0.95, help="the intervals' coverage")
     p.add_argument("--out", required=True, help="folder for ablation.json and ablation.txt")
-    p.add_argument("--from", dest="again", metavar="JSON",
-                   help="no run: summarise the runs of an earlier ablation.json again (the verdicts, --level)")
+    p.add_argument("--from", dest="again", metavar="JSON", nargs="+",
+                   help="no run: summarise the runs of earlier ablation.json files again, joined (runs of "
+                        "one machine and model split over processes, e.g. --first-rep)")
     args = p.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.again:
-        report = json.loads(Path(args.again).read_text())
+        report, runs = joined([json.loads(Path(f).read_text()) for f in args.again])
         fields = ("name", "constant", "where", "change", "record")
         chosen = [Variant(**{k: v[k] for k in fields}) for v in report["variants"]]
-        write(out, report, [Run(**r) for r in report["runs"]], chosen, args.level, report["complete"])
+        write(out, report, runs, chosen, args.level, report["complete"])
         print((out / "ablation.txt").read_text())
         return 0
     if not args.model:
@@ -572,6 +619,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     preset = PRESETS[args.preset or ("gpu" if gpu_offload_supported() else "cpu")]
     sets, reps, max_tokens, stop_after = (given if given is not None else default for given, default
                                           in zip((args.sets, args.reps, args.max_tokens, args.stop_after), preset))
+    quiet = QUIET if preset[4] and not args.ignore_load else None
     options = Options(Path(args.model), draft=Path(args.draft) if args.draft else None, use_head=False,
                       n_threads=args.threads, stable_shapes=True if args.gpu_policy else None)
     sampling = SamplingParams(temperature=args.temperature, top_k=options.sampling.top_k,
@@ -584,7 +632,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="localspec-ablate-") as scratch:
         probe = Session(replace(options, speculation=False))   # tokenises the prompts and the store's files
         try:
-            blocks = _blocks(probe, sets, reps)
+            blocks = _blocks(probe, sets, reps, args.first_rep)
             store, source = open_ngram_store(options.model, [args.learn], args.learn_max_tokens, probe.raw_prompt,
                                              Path(scratch))
         finally:
@@ -593,7 +641,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             run(options, blocks, store, source, out, lambda tokens: GenerationRequest(tokens, max_tokens, sampling),
                 wanted=wanted, level=args.level, stop_after=stop_after,
-                quiet=None if args.ignore_load else QUIET, say=say)
+                quiet=quiet, say=say)
         finally:
             store.close()
     print((out / "ablation.txt").read_text())

@@ -174,13 +174,18 @@ def test_interval_of_noise_holds_the_ratio_and_narrows_with_prompts():
     assert many[1] - many[0] < (few[1] - few[0]) / 2
 
 
-def test_verdict():
+def test_verdict_against_the_control_s_margins():
     within, below, above = (0.97, 1.02), (0.90, 0.96), (1.03, 1.10)
-    assert ablate.verdict(within, {"humaneval": within, "edit": within}) == "within spread"
-    assert ablate.verdict(within, {"humaneval": within, "edit": below}) == "pays"
-    assert ablate.verdict(below, {}) == "pays"
-    assert ablate.verdict(above, {"edit": within}) == "costs"
-    assert ablate.verdict(within, {"humaneval": above, "edit": below}) == "mixed"
+    assert ablate.verdict({"all": within, "humaneval": within, "edit": within}, {}) == "within spread"
+    assert ablate.verdict({"all": within, "humaneval": within, "edit": below}, {}) == "pays"
+    assert ablate.verdict({"all": below}, {}) == "pays"
+    assert ablate.verdict({"all": above, "edit": within}, {}) == "costs"
+    assert ablate.verdict({"all": within, "humaneval": above, "edit": below}, {}) == "mixed"
+    # the control reached 1.05 on edit: a variant must leave 0.95..1.05 there to count
+    margin = ablate.margins({"all": (0.99, 1.01), "edit": (0.98, 1.05)})
+    assert margin == pytest.approx({"all": 0.01, "edit": 0.05})
+    assert ablate.verdict({"all": within, "edit": below}, margin) == "within spread"
+    assert ablate.verdict({"all": (0.90, 0.985)}, margin) == "pays"
 
 
 def test_summarize_pairs_each_variant_with_the_baseline_by_prompt():
@@ -199,6 +204,32 @@ def test_summarize_pairs_each_variant_with_the_baseline_by_prompt():
     assert row["identical"] == "10/10" and row["verdict"] == "pays"
     few = ablate.summarize([r for r in runs if r.prompt in ("0", "1")], [v], {"humaneval#1": "h", "edit#1": "e"})
     assert few[-1]["verdict"] == f"fewer than {ablate.MIN_PROMPTS} prompts"
+
+
+def test_the_control_sets_the_margin_the_variants_are_judged_by():
+    """An A/A control 3% off in every block: a variant 2% off is within that spread."""
+    runs = []
+    for i in range(8):
+        runs += [run("plain", 100, 2.0, str(i)), run("baseline", 100, 1.0, str(i)),
+                 run("repeat", 100, 1 / (1.03 + 0.001 * i), str(i)), run("v", 100, 1 / 0.98, str(i)),
+                 run("w", 100, 1 / 0.90, str(i))]
+    chosen = [ablate.Variant(n, "", "", "") for n in ("repeat", "v", "w")]
+    rows = {r["config"]: r for r in ablate.summarize(runs, chosen, {"b#1": "b"}, draws=300)}
+    assert rows["repeat"]["margin"]["all"] == pytest.approx(0.037, abs=0.002)
+    assert rows["repeat"]["verdict"].startswith("the control")
+    assert rows["v"]["verdict"] == "within spread" and rows["w"]["verdict"] == "pays"
+
+
+def test_joined_reports_take_a_block_run_again_from_the_later_one():
+    def report(block_runs: dict, commit: str) -> dict:
+        return {"blocks": list(block_runs), "variants": [{"name": "v"}], "commit": commit, "complete": True,
+                "wall_seconds": 10, "runs": [{**vars(r)} for rs in block_runs.values() for r in rs]}
+    first = report({"h#1": [run("baseline", 10, 1.0, "a", "h#1")], "h#2": [run("baseline", 10, 1.0, "b", "h#2")]}, "c1")
+    second = report({"h#2": [run("baseline", 20, 1.0, "c", "h#2")], "e#2": [run("baseline", 5, 1.0, "d", "e#2")]}, "c2")
+    merged, runs = ablate.joined([first, second])
+    assert merged["blocks"] == ["h#1", "h#2", "e#2"] and merged["commit"] == "c1; c2"
+    assert [(r.block, r.prompt) for r in runs] == [("h#1", "a"), ("h#2", "c"), ("e#2", "d")]
+    assert merged["wall_seconds"] == 20 and merged["processes"] == 2
 
 
 def test_others_busy_is_the_machine_s_busy_time_less_this_process_s():
