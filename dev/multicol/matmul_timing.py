@@ -14,11 +14,15 @@ from __future__ import annotations
 import argparse
 import ctypes
 import statistics
+import sys
 import time
 
 import numpy as np
 
 from localspec.engine import native
+
+sys.path.insert(0, "tests")   # run from the repository root
+from ggml_cpu import InitParams, ggml, repack_buffer_type  # noqa: E402
 
 TYPES = {"Q4_0": 2, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
 F32 = 0
@@ -32,59 +36,13 @@ CASES = [("Q8_0", "Q8_0", False, 896, 4864), ("Q8_0", "Q8_0", False, 1536, 8960)
 WIDTHS = (1, 2, 4, 8, 16)
 
 
-class _InitParams(ctypes.Structure):
-    _fields_ = [("mem_size", ctypes.c_size_t), ("mem_buffer", ctypes.c_void_p), ("no_alloc", ctypes.c_bool)]
-
-
-def _libs() -> tuple[ctypes.CDLL, ctypes.CDLL]:
-    libs = {f.name.split(".so")[0]: f for f in native.libraries()}
-    base, cpu = ctypes.CDLL(str(libs["libggml-base"])), ctypes.CDLL(str(libs["libggml-cpu"]))
-    p = ctypes.c_void_p
-    base.ggml_init.restype, base.ggml_init.argtypes = p, [_InitParams]
-    base.ggml_free.argtypes = [p]
-    base.ggml_new_tensor_2d.restype = p
-    base.ggml_new_tensor_2d.argtypes = [p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
-    base.ggml_get_data.restype, base.ggml_get_data.argtypes = p, [p]
-    base.ggml_quantize_chunk.restype = ctypes.c_size_t
-    base.ggml_quantize_chunk.argtypes = [ctypes.c_int, p, p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, p]
-    base.ggml_mul_mat.restype, base.ggml_mul_mat.argtypes = p, [p, p, p]
-    base.ggml_new_graph.restype, base.ggml_new_graph.argtypes = p, [p]
-    base.ggml_build_forward_expand.argtypes = [p, p]
-    base.ggml_nbytes.restype, base.ggml_nbytes.argtypes = ctypes.c_size_t, [p]
-    base.ggml_backend_reg_get_proc_address.restype = p
-    base.ggml_backend_reg_get_proc_address.argtypes = [p, ctypes.c_char_p]
-    base.ggml_backend_reg_dev_get.restype = p
-    base.ggml_backend_reg_dev_get.argtypes = [p, ctypes.c_size_t]
-    base.ggml_backend_buft_name.restype, base.ggml_backend_buft_name.argtypes = ctypes.c_char_p, [p]
-    base.ggml_backend_alloc_ctx_tensors_from_buft.restype = p
-    base.ggml_backend_alloc_ctx_tensors_from_buft.argtypes = [p, p]
-    base.ggml_backend_tensor_set.argtypes = [p, p, ctypes.c_size_t, ctypes.c_size_t]
-    cpu.ggml_backend_cpu_reg.restype = p
-    cpu.ggml_graph_compute_with_ctx.restype = ctypes.c_int
-    cpu.ggml_graph_compute_with_ctx.argtypes = [p, p, ctypes.c_int]
-    cpu.ggml_cpu_init()
-    return base, cpu
-
-
-def _repack_buft(base, cpu) -> int:
-    reg = cpu.ggml_backend_cpu_reg()
-    get = base.ggml_backend_reg_get_proc_address(reg, b"ggml_backend_dev_get_extra_bufts")
-    bufts = ctypes.CFUNCTYPE(ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p)(get)(base.ggml_backend_reg_dev_get(reg, 0))
-    i = 0
-    while bufts[i]:
-        if base.ggml_backend_buft_name(bufts[i]) == b"CPU_REPACK":
-            return bufts[i]
-        i += 1
-    raise SystemExit("no CPU_REPACK buffer type in this build")
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--only", help="cases whose name starts so (Q8_0, Q4_0, ...)")
     args = ap.parse_args()
-    base, cpu = _libs()
+    base, cpu = ggml()
     rng = np.random.default_rng(0)
     print(f"threads {args.threads}, median of {args.reps} rounds; ms per mul_mat; libs {native.library_folder()}")
     print("case | k x rows | width | ggml ms | multicol ms | ggml / multicol")
@@ -95,13 +53,13 @@ def main() -> None:
         src = rng.normal(size=(rows, k)).astype(np.float32)
         quantized = np.zeros(2 * rows * k, dtype=np.uint8)
         base.ggml_quantize_chunk(kind, src.ctypes.data, quantized.ctypes.data, 0, rows, k, None)
-        wctx = base.ggml_init(_InitParams(1 << 20, None, True))
+        wctx = base.ggml_init(InitParams(1 << 20, None, True))
         w = base.ggml_new_tensor_2d(wctx, kind, k, rows)
         if repack:   # the weights alone in a context of their own, allocated in that buffer type
-            base.ggml_backend_alloc_ctx_tensors_from_buft(wctx, _repack_buft(base, cpu))
+            base.ggml_backend_alloc_ctx_tensors_from_buft(wctx, repack_buffer_type(base, cpu))
             base.ggml_backend_tensor_set(w, quantized.ctypes.data, 0, base.ggml_nbytes(w))
         for n in WIDTHS:
-            ctx = base.ggml_init(_InitParams(512 << 20, None, False))
+            ctx = base.ggml_init(InitParams(512 << 20, None, False))
             if not repack:
                 w = base.ggml_new_tensor_2d(ctx, kind, k, rows)
                 ctypes.memmove(base.ggml_get_data(w), quantized.ctypes.data, base.ggml_nbytes(w))

@@ -15,12 +15,12 @@ API (ctypes), no model.
 from __future__ import annotations
 
 import ctypes
-import functools
 from dataclasses import dataclass
 
 import numpy as np
 import pytest
 
+from ggml_cpu import InitParams, ggml, repack_buffer_type
 from localspec.engine import native
 
 Q4_0, Q8_0, Q4_K, Q5_K, Q6_K = 2, 8, 12, 13, 14   # enum ggml_type
@@ -60,64 +60,9 @@ def _built(case: Case) -> None:
         pytest.skip("the Q8_0 / Q4_0 kernels are built for AVX-512 VNNI CPUs only")
 
 
-class _InitParams(ctypes.Structure):
-    _fields_ = [("mem_size", ctypes.c_size_t), ("mem_buffer", ctypes.c_void_p),
-                ("no_alloc", ctypes.c_bool)]
-
-
-@functools.cache
-def _ggml() -> tuple[ctypes.CDLL, ctypes.CDLL]:
-    """libggml-base and libggml-cpu with the prototypes used here, the CPU backend initialised."""
-    libs = {f.name.split(".so")[0]: f for f in native.libraries()}
-    base = ctypes.CDLL(str(libs["libggml-base"]))
-    cpu = ctypes.CDLL(str(libs["libggml-cpu"]))
-    p = ctypes.c_void_p
-    base.ggml_init.restype, base.ggml_init.argtypes = p, [_InitParams]
-    base.ggml_free.argtypes = [p]
-    base.ggml_new_tensor_2d.restype = p
-    base.ggml_new_tensor_2d.argtypes = [p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
-    base.ggml_get_data.restype, base.ggml_get_data.argtypes = p, [p]
-    base.ggml_quantize_chunk.restype = ctypes.c_size_t
-    base.ggml_quantize_chunk.argtypes = [ctypes.c_int, p, p, ctypes.c_int64, ctypes.c_int64,
-                                         ctypes.c_int64, p]
-    base.ggml_mul_mat.restype, base.ggml_mul_mat.argtypes = p, [p, p, p]
-    base.ggml_new_graph.restype, base.ggml_new_graph.argtypes = p, [p]
-    base.ggml_build_forward_expand.argtypes = [p, p]
-    base.ggml_nbytes.restype, base.ggml_nbytes.argtypes = ctypes.c_size_t, [p]
-    base.ggml_backend_reg_get_proc_address.restype = p
-    base.ggml_backend_reg_get_proc_address.argtypes = [p, ctypes.c_char_p]
-    base.ggml_backend_reg_dev_get.restype = p
-    base.ggml_backend_reg_dev_get.argtypes = [p, ctypes.c_size_t]
-    base.ggml_backend_buft_name.restype, base.ggml_backend_buft_name.argtypes = ctypes.c_char_p, [p]
-    base.ggml_backend_alloc_ctx_tensors_from_buft.restype = p
-    base.ggml_backend_alloc_ctx_tensors_from_buft.argtypes = [p, p]
-    base.ggml_backend_tensor_set.argtypes = [p, p, ctypes.c_size_t, ctypes.c_size_t]
-    base.ggml_backend_buffer_free.argtypes = [p]
-    cpu.ggml_backend_cpu_reg.restype = p
-    cpu.localspec_multicol_calls.restype = ctypes.c_int
-    cpu.ggml_graph_compute_with_ctx.restype = ctypes.c_int
-    cpu.ggml_graph_compute_with_ctx.argtypes = [p, p, ctypes.c_int]
-    cpu.ggml_cpu_init()
-    return base, cpu
-
-
 def _kernel_calls() -> int:
     """How many matmuls the multi-column kernels have taken in this process."""
-    return _ggml()[1].localspec_multicol_calls()
-
-
-def _repack_buffer_type(base: ctypes.CDLL, cpu: ctypes.CDLL) -> int:
-    """The CPU backend's extra buffer type that repacks weights (llama.cpp's default for Q4_K)."""
-    reg = cpu.ggml_backend_cpu_reg()
-    get = base.ggml_backend_reg_get_proc_address(reg, b"ggml_backend_dev_get_extra_bufts")
-    bufts = ctypes.CFUNCTYPE(ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p)(get)(
-        base.ggml_backend_reg_dev_get(reg, 0))
-    i = 0
-    while bufts[i]:
-        if base.ggml_backend_buft_name(bufts[i]) == b"CPU_REPACK":
-            return bufts[i]
-        i += 1
-    raise AssertionError("this llama.cpp build has no CPU_REPACK buffer type")
+    return ggml()[1].localspec_multicol_calls()
 
 
 def _mul_mat(kind: int, weights: np.ndarray, acts: np.ndarray, multicol: str,
@@ -125,18 +70,18 @@ def _mul_mat(kind: int, weights: np.ndarray, acts: np.ndarray, multicol: str,
     """ggml_mul_mat of `weights` (rows x k f32, quantized to `kind`; in the repacking buffer
     type when `repack`) by the columns of `acts` (n x k f32) on 2 threads, with
     GGML_CPU_MULTICOL_MAX=multicol and GGML_CPU_MULTICOL_MIN=min_cols: n x rows f32."""
-    base, cpu = _ggml()
+    base, cpu = ggml()
     rows, k = weights.shape
     quantized = np.zeros(2 * rows * k, dtype=np.uint8)     # more than any row up to 8 bits needs
     src = np.ascontiguousarray(weights, dtype=np.float32)
     base.ggml_quantize_chunk(kind, src.ctypes.data, quantized.ctypes.data, 0, rows, k, None)
-    ctx = base.ggml_init(_InitParams(64 << 20, None, False))
+    ctx = base.ggml_init(InitParams(64 << 20, None, False))
     wctx = buffer = None
     try:
         if repack:   # the weights alone in a context of their own, allocated in that buffer type
-            wctx = base.ggml_init(_InitParams(1 << 20, None, True))
+            wctx = base.ggml_init(InitParams(1 << 20, None, True))
             w = base.ggml_new_tensor_2d(wctx, kind, k, rows)
-            buffer = base.ggml_backend_alloc_ctx_tensors_from_buft(wctx, _repack_buffer_type(base, cpu))
+            buffer = base.ggml_backend_alloc_ctx_tensors_from_buft(wctx, repack_buffer_type(base, cpu))
             base.ggml_backend_tensor_set(w, quantized.ctypes.data, 0, base.ggml_nbytes(w))
         else:
             w = base.ggml_new_tensor_2d(ctx, kind, k, rows)
