@@ -113,9 +113,12 @@ class LlamaDraft:
         self._context.extend(tokens)
 
     def catch_up(self) -> None:
-        """The committed tokens not in the cache yet, all but the root, as one prefill (the
-        engine times this apart from the round: decode.py). On stable shapes only a long
-        backlog, as evaluate_root would (its padded steps take the last `pad - 1`)."""
+        """The engine times this apart from the round (decode.py)."""
+        self._read_backlog()
+
+    def _read_backlog(self) -> None:
+        """The committed tokens not in the cache yet, all but the root, as one prefill; on stable
+        shapes only a long backlog: evaluate_root's padded steps take the last `pad - 1`."""
         todo = self._context[self._cached:]
         keep = max(1, self.pad - 1) if self.pad else 1   # left for evaluate_root, the root among them
         if len(todo) <= (4 * keep if self.pad else 1):
@@ -136,6 +139,7 @@ class LlamaDraft:
         return process(row, self._sampling)
 
     def evaluate_root(self, tree: DraftTree) -> Dist:
+        self._read_backlog()                  # a long backlog: one unpadded prefill
         todo = self._context[self._cached:]   # always holds at least the root
         if not self.pad:
             self.model.prefill(todo, self._cached)
@@ -143,10 +147,6 @@ class LlamaDraft:
         else:
             start = self._cached
             step = max(1, self.pad - 1)              # real tokens a forward takes
-            if len(todo) > 4 * step:                 # a long catch-up: one unpadded prefill first
-                bulk = len(todo) - step
-                self.model.prefill(todo[:bulk], start)
-                todo, start = todo[bulk:], start + bulk
             for lo in range(0, len(todo), step):
                 chunk = todo[lo:lo + step]
                 self._decode(chunk, np.arange(start + lo, start + lo + len(chunk), dtype=np.int32),

@@ -173,18 +173,28 @@ class TorchDraft:
             self._root_logits = None
 
     def catch_up(self) -> None:
-        """The committed tokens not cached yet, all but the root, into the cache (the engine
-        times this apart from the round: decode.py); the root goes in at evaluate_root."""
+        """The engine times this apart from the round (decode.py)."""
+        self._read_backlog()
+
+    def _read_backlog(self) -> None:
+        """The committed tokens not cached yet, all but the root, into the cache; the root goes
+        in at evaluate_root."""
         end = len(self.context) - 1
         if self._root_logits is not None or end <= self.n_cached:
             return
-        ctx = torch.tensor(self.context[self.n_cached:end], dtype=torch.int64)
-        for a in range(self.n_cached, end, _PREFILL_CHUNK):
+        self._forward_context(self.n_cached, end)
+        self.n_cached = end
+
+    def _forward_context(self, start: int, end: int) -> torch.Tensor:
+        """Committed tokens start..end-1 into their cache slots, _PREFILL_CHUNK at a time; the
+        last one's logits [1, V]."""
+        ctx = torch.tensor(self.context[start:end], dtype=torch.int64)   # [m]
+        for a in range(start, end, _PREFILL_CHUNK):
             b = min(a + _PREFILL_CHUNK, end)
             idx = torch.arange(a, b)                                  # positions == slots
             causal = torch.ones(b - a, b, dtype=torch.bool).tril(a)   # row i sees slots 0..a+i
-            self.lm.forward(ctx[a - self.n_cached:b - self.n_cached], idx, idx, causal, last_only=True)
-        self.n_cached = end
+            logits = self.lm.forward(ctx[a - start:b - start], idx, idx, causal, last_only=True)
+        return logits
 
     def cost_curve(self, costs: Costs) -> Costs:
         return torch_draft_costs(costs, self.lm, self.source)
@@ -199,14 +209,10 @@ class TorchDraft:
             raise ValueError(f"tree root {int(tree.tokens[0])} is not the last committed token "
                              f"{self.context[-1]}; call accept() with every committed token")
         if self._root_logits is None:
+            self._read_backlog()
             end = len(self.context)
             start = min(self.n_cached, end - 1)  # the root is re-fed if its logits were dropped
-            ctx = torch.tensor(self.context[start:end], dtype=torch.int64)   # [m]
-            for a in range(start, end, _PREFILL_CHUNK):
-                b = min(a + _PREFILL_CHUNK, end)
-                idx = torch.arange(a, b)                                  # positions == slots
-                causal = torch.ones(b - a, b, dtype=torch.bool).tril(a)   # row i sees slots 0..a+i
-                logits = self.lm.forward(ctx[a - start:b - start], idx, idx, causal, last_only=True)
+            logits = self._forward_context(start, end)
             self.n_cached = end
             self._root_logits = logits[0].clone()   # [V]; the static path reuses its buffer
         return self._dists(self._root_logits[None])[0]
