@@ -12,7 +12,9 @@ d=$(ls -d /tmp/b/llama_cpp_python-*)
 # LIBS names the folder of a carried build of it (default .gpu/libs)
 for patch in packaging/patches/*.patch; do patch -s -p1 -d "$d" < "$patch"; done
 libs=${LIBS:-.gpu/libs}
-if ls "$libs"/libs.* >/dev/null 2>&1; then
+# a carried build serves only the patches it was built from (its libs.key)
+key=$(cat packaging/patches/*.patch | sha256sum | cut -c1-16)
+if ls "$libs"/libs.* >/dev/null 2>&1 && [ "$(cat "$libs/libs.key" 2>/dev/null)" = "$key" ]; then
   cat "$libs"/libs.* | xz -d | tar x -C /tmp/cb/bin
   echo "reused the carried llama.cpp build"
 else
@@ -21,6 +23,7 @@ else
   cmake --build /tmp/cb -j16 --target llama llama-bench >/dev/null
   if [ -n "${OUT:-}" ]; then
     (cd /tmp/cb/bin && tar cf - ./*.so*) | xz -T16 -6 | split -b 15m - "$OUT/libs."
+    echo "$key" > "$OUT/libs.key"
   fi
 fi
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpu/whl/*.whl
