@@ -117,8 +117,9 @@ def _unpruned_arms(self: TreeBudget, with_models: bool = True, pruned: bool = Fa
 
 def variants(offloaded: bool) -> tuple[Variant, ...]:
     """One variant per tuned constant or mechanism; the plain arm's flips by machine (0007)."""
-    budget, prune, worth = ("localspec.engine.budget:AdaptiveBudget", "localspec.engine.prune:AcceptanceModel",
-                            "localspec.engine.worth:StageWorth")
+    budget = "localspec.engine.budget:AdaptiveBudget"
+    prune = "localspec.engine.prune:AcceptanceModel"
+    worth = "localspec.engine.worth:StageWorth"
     return (
         Variant("repeat", "none: the baseline built a second time", "-", "the baseline"),
         Variant("tree-16", "DEFAULT_TREE_NODES = 32", "engine/config.py", "16", "0018",
@@ -131,13 +132,13 @@ def variants(offloaded: bool) -> tuple[Variant, ...]:
         Variant("optimistic-0.999", "OPTIMISTIC = 0.9", "engine/calibrate.py",
                 "0.999 (drop only arms that cannot win at all)", "0001",
                 (Patch("localspec.engine.calibrate:OPTIMISTIC", 0.999),), needs=Need.MODEL_STAGE),
+        Variant("match-cap-0", "MATCH_CAP = 32", "engine/drafters/maxgram.py",
+                "0 (a chain's class from the suffix looked up, 3-8 tokens, not extended back)", "0020",
+                (Patch("localspec.engine.drafters.maxgram:MATCH_CAP", 0),)),
         Variant("backoff-2", "AcceptanceModel.BACKOFF = 8.0", "engine/prune.py", "2.0 (before 0020)",
                 "0020", (Patch(f"{prune}.BACKOFF", 2.0),)),
         Variant("pool-backoff-1", "AcceptanceModel.POOL_BACKOFF = 4.0", "engine/prune.py",
                 "1.0 (before 0020)", "0020", (Patch(f"{prune}.POOL_BACKOFF", 1.0),)),
-        Variant("match-cap-0", "MATCH_CAP = 32", "engine/drafters/maxgram.py",
-                "0 (a chain's class from the suffix looked up, 3-8 tokens, not extended back)", "0020",
-                (Patch("localspec.engine.drafters.maxgram:MATCH_CAP", 0),)),
         Variant("worth-off", "StageWorth.EXPLORE = 16 (stage worth)", "engine/worth.py",
                 "0 (every free stage runs every round)", "0015", (Patch(f"{worth}.EXPLORE", 0),)),
         Variant("max-interval-128", "StageWorth.MAX_INTERVAL = 512", "engine/worth.py", "128", "0015",

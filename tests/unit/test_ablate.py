@@ -12,6 +12,7 @@ import pytest
 from localspec.engine.budget import AdaptiveBudget, Arm
 from localspec.engine.config import SamplingParams, TreeBudget
 from localspec.engine.drafters.maxgram import MaxGram, match_hint
+from localspec.engine.prune import AcceptanceModel
 from localspec.engine.tree import DraftTree
 from localspec.engine.worth import StageWorth
 
@@ -24,28 +25,28 @@ VARIANTS = {v.name: v for offloaded in (False, True) for v in ablate.variants(of
 
 
 def test_patched_sets_values_for_the_block_only_also_when_it_raises():
-    patches = (Patch("localspec.engine.worth:StageWorth.EXPLORE", 0),
-               Patch("localspec.engine.drafters.maxgram:MATCH_CAP", 5))
-    from localspec.engine.drafters import maxgram
+    patches = (Patch("localspec.engine.prune:AcceptanceModel.BACKOFF", 2.0),
+               Patch("localspec.engine.policy:HOLD", 1))
+    from localspec.engine import policy
 
     with ablate.patched(patches):
-        assert StageWorth.EXPLORE == 0 and maxgram.MATCH_CAP == 5
-    assert StageWorth.EXPLORE == 16 and maxgram.MATCH_CAP == 32
+        assert AcceptanceModel.BACKOFF == 2.0 and policy.HOLD == 1
+    assert AcceptanceModel.BACKOFF == 8.0 and policy.HOLD == 16
     with pytest.raises(RuntimeError), ablate.patched(patches):
         raise RuntimeError("a generation failed")
-    assert StageWorth.EXPLORE == 16 and maxgram.MATCH_CAP == 32
+    assert AcceptanceModel.BACKOFF == 8.0 and policy.HOLD == 16
 
 
 def test_patched_refuses_a_missing_or_inherited_attribute_and_undoes_the_earlier_ones():
-    class Sub(StageWorth):
+    class Sub(AcceptanceModel):
         pass
 
     sys.modules[__name__].Sub = Sub
-    for bad in ("localspec.engine.worth:StageWorth.EXPLORES", f"{__name__}:Sub.EXPLORE"):
+    for bad in ("localspec.engine.prune:AcceptanceModel.BACKOFFS", f"{__name__}:Sub.BACKOFF"):
         with pytest.raises(AttributeError, match="renamed"), \
-                ablate.patched((Patch("localspec.engine.worth:StageWorth.EXPLORE", 0), Patch(bad, 1))):
+                ablate.patched((Patch("localspec.engine.prune:AcceptanceModel.BACKOFF", 2.0), Patch(bad, 1))):
             pass
-        assert StageWorth.EXPLORE == 16 and "EXPLORE" not in vars(Sub)
+        assert AcceptanceModel.BACKOFF == 8.0 and "BACKOFF" not in vars(Sub)
 
 
 def _defined(where: str) -> bool:
