@@ -119,7 +119,6 @@ def variants(offloaded: bool) -> tuple[Variant, ...]:
     """One variant per tuned constant or mechanism; the plain arm's flips by machine (0007)."""
     budget = "localspec.engine.budget:AdaptiveBudget"
     prune = "localspec.engine.prune:AcceptanceModel"
-    worth = "localspec.engine.worth:StageWorth"
     return (
         Variant("repeat", "none: the baseline built a second time", "-", "the baseline"),
         Variant("tree-16", "DEFAULT_TREE_NODES = 32", "engine/config.py", "16", "0018",
@@ -139,10 +138,6 @@ def variants(offloaded: bool) -> tuple[Variant, ...]:
                 "0020", (Patch(f"{prune}.BACKOFF", 2.0),)),
         Variant("pool-backoff-1", "AcceptanceModel.POOL_BACKOFF = 4.0", "engine/prune.py",
                 "1.0 (before 0020)", "0020", (Patch(f"{prune}.POOL_BACKOFF", 1.0),)),
-        Variant("worth-off", "StageWorth.EXPLORE = 16 (stage worth)", "engine/worth.py",
-                "0 (every free stage runs every round)", "0015", (Patch(f"{worth}.EXPLORE", 0),)),
-        Variant("max-interval-128", "StageWorth.MAX_INTERVAL = 512", "engine/worth.py", "128", "0015",
-                (Patch(f"{worth}.MAX_INTERVAL", 128),)),
         Variant("no-pruning", "per-round pruning", "engine/policy.py, engine/prune.py",
                 "every drafted node verified; free arms of 4, 8, 16, 32 nodes (the arms before 0020)",
                 "0020", (Patch("localspec.engine.prune:choose", keep_every_node),

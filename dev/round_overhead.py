@@ -51,7 +51,6 @@ TIMED = [
     ("localspec.engine.policy", "AdaptivePolicy", "plan"),
     ("localspec.engine.policy", "AdaptivePolicy", "select"),
     ("localspec.engine.stats", "DecodeStats", "record_round"),
-    ("localspec.engine.worth", "StageWorth", "credit"),
     ("localspec.engine.budget", "AdaptiveBudget", "update"),
 ]
 

@@ -126,12 +126,12 @@ class Engine:
     def _propose(self, root: int, plan: Plan, sampling: SamplingParams,
                  rng: np.random.Generator) -> tuple[DraftTree, float]:
         """This round's tree from `root`, grown by the plan's stages in order, and the seconds
-        its stages spent catching up on rounds they sat out. A free stage runs where the policy
-        says it pays, timed without that catching up; a model stage with no room left ends the
-        round's drafting. The round's arm is charged without it too: a stage owes it for the
-        tokens, whichever arm runs it next, and a stage played every round owes nothing, so an
-        arm probed rarely would otherwise be charged for its absence (a draft head's arms came
-        to ~11 ms a round on an H100 where their work was ~5 ms, 0024)."""
+        its stages spent catching up on rounds they sat out. Every stage with room left proposes;
+        a model stage with no room left ends the round's drafting. The round's arm is charged
+        without the catching up: a stage owes it for the tokens, whichever arm runs it next, and
+        a stage played every round owes nothing, so an arm probed rarely would otherwise be
+        charged for its absence (a draft head's arms came to ~11 ms a round on an H100 where
+        their work was ~5 ms, 0024)."""
         tree = self._tree
         tree.reset(root)
         owed = 0.0
@@ -142,15 +142,10 @@ class Engine:
                 if d.uses_model:
                     break
                 continue
-            if not d.uses_model and not self.policy.runs(stage):
-                continue
             caught = time.perf_counter()
             d.catch_up()
-            t = time.perf_counter()
-            owed += t - caught
+            owed += time.perf_counter() - caught
             d.propose(tree, stage, budget, sampling, rng)
-            if not d.uses_model:
-                self.policy.ran(stage, time.perf_counter() - t)
         return tree, owed
 
     def _select(self, drafted: DraftTree) -> DraftTree:

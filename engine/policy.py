@@ -7,8 +7,8 @@ what it cost. The loop itself stays the same for every policy; the choices live 
 FixedPolicy grows one tree size and verifies every drafted node: nothing is measured, so there is
 nothing to weigh. Plain decoding is a FixedPolicy with no stages. AdaptivePolicy owns the measured
 parts: the bandit over arms (budget.py), the acceptance model that prices each node and prunes what
-does not pay (prune.py), each free stage's worth against its Python time (worth.py), the price of
-a verify as the batch-shape mode makes it (shapes.py), and the state carried to the next run.
+does not pay (prune.py), the price of a verify as the batch-shape mode makes it (shapes.py), and the
+state carried to the next run.
 `make_policy` chooses between them and builds the arms, once.
 """
 from __future__ import annotations
@@ -26,7 +26,6 @@ from .config import TreeBudget
 from .drafters.base import Drafter
 from .shapes import Shapes
 from .tree import DraftTree
-from .worth import StageWorth
 
 # Rounds an adaptive choice is kept with stable shapes: llama.cpp replays a CUDA graph only from
 # the third call of one batch shape, so a choice changed every round would keep rebuilding it.
@@ -56,12 +55,6 @@ class Policy(Protocol):
 
     def plan(self, room: int) -> Plan:
         """This round's tree, with at most `room` nodes below the root."""
-
-    def runs(self, stage: int) -> bool:
-        """Whether free stage `stage`, which has room left, grows the tree this round."""
-
-    def ran(self, stage: int, seconds: float) -> None:
-        """The seconds free stage `stage` took to propose, where `runs` let it."""
 
     def select(self, tree: DraftTree) -> DraftTree:
         """The part of the drafted tree to verify: `tree` itself or a copy."""
@@ -120,12 +113,6 @@ class FixedPolicy:
     def plan(self, room: int) -> Plan:
         return _plan(self.arms[0], self._route, room)
 
-    def runs(self, stage: int) -> bool:
-        return True
-
-    def ran(self, stage: int, seconds: float) -> None:
-        """Stages are not timed: they all run."""
-
     def select(self, tree: DraftTree) -> DraftTree:
         return tree
 
@@ -148,8 +135,8 @@ class FixedPolicy:
 
 
 class AdaptivePolicy:
-    """Arms chosen by measured throughput (with several), nodes pruned to what pays and free
-    stages gated by their worth (with a cost curve)."""
+    """Arms chosen by measured throughput (with several) and nodes pruned to what pays (with a
+    cost curve)."""
 
     def __init__(self, arms: tuple[Arm, ...], stages: Sequence[Drafter], costs: Costs | None,
                  shapes: Shapes, dropped: tuple[Arm, ...] = ()) -> None:
@@ -158,14 +145,10 @@ class AdaptivePolicy:
         self.shapes = shapes
         self.costs = costs
         self.bandit = AdaptiveBudget(arms) if len(arms) > 1 else None
-        n = len(stages)
         self._routes = [route(a, stages) for a in arms]
-        self._acceptance = prune.AcceptanceModel(n) if costs is not None else None
-        self._worth = StageWorth(n) if costs is not None else None
-        self._step = costs.target_cost(1) if costs is not None else 0.0   # a plain step, seconds
+        self._acceptance = prune.AcceptanceModel(len(stages)) if costs is not None else None
         self._kept = DraftTree(capacity=max(2, max(a.nodes for a in arms) + 1))
         self._cost_tables: dict[tuple[int, bool], list[float]] = {}   # by (arm nodes, after plain)
-        self._ran = [False] * n        # this round: the free stages that ran (worth's credit)
         self._index = 0                # this round's arm
         self._held = 0                 # rounds left on it (stable shapes)
         self._after_plain = True       # the last round verified the root alone
@@ -181,22 +164,7 @@ class AdaptivePolicy:
         if self.bandit is not None and (self.shapes is not Shapes.STABLE or self._held <= 0):
             self._index, self._held = self.bandit.choose(), HOLD   # held only with stable shapes
         self._held -= 1
-        for i in range(len(self._ran)):
-            self._ran[i] = False
         return _plan(self.arms[self._index], self._routes[self._index], room)
-
-    def runs(self, stage: int) -> bool:
-        """Whether free stage `stage` runs this round: while it pays for its time (worth.py); a
-        copy arm's stage always runs (its tree is the arm)."""
-        if self._worth is None or not self.arms[self._index].pruned:
-            return True
-        self._ran[stage] = self._worth.runs(stage, self._step)
-        return self._ran[stage]
-
-    def ran(self, stage: int, seconds: float) -> None:
-        """The seconds a free stage's propose took (counted where its worth gated it)."""
-        if self._ran[stage]:
-            self._worth.ran(stage, seconds)
 
     def select(self, tree: DraftTree) -> DraftTree:
         """The part of `tree` worth verifying on this machine (prune.py): `tree` itself, or a copy
@@ -226,11 +194,6 @@ class AdaptivePolicy:
             self._acceptance.update(tree, path)
             if self._pruned_from is not None:
                 self._acceptance.observe_pruned(*self._pruned_from, tokens, greedy)
-        if self._worth is not None:
-            accepted = [0] * len(self._ran)
-            for node in path:
-                accepted[tree.drafter[node]] += 1
-            self._worth.credit(self._ran, accepted)
         if self.bandit is not None:
             self.bandit.update(self._index, len(tokens), time.perf_counter() - started)
         self._after_plain = tree.n <= 1

@@ -13,8 +13,8 @@ A drafter keeps its own view of the committed context (the prompt plus every acc
 - ``accept(tokens)``: ``tokens`` were committed after the previous root (accepted drafts plus the
   target's own token); the new root is ``tokens[-1]``. Drafters roll their state forward here,
   or keep the tokens and roll forward in ``catch_up()``, which the engine calls before each
-  propose and times apart: neither the stage's worth nor the round's arm is charged for it (a
-  stage owes it for the tokens of rounds it sat out, whichever arm runs it next). The personal
+  propose and times apart: the round's arm is not charged for it (a stage owes it for the
+  tokens of rounds it sat out, whichever arm runs it next). The personal
   n-gram stage learns its pending tokens there; the draft models and the head put the committed
   tokens they have not read, all but the root, into their caches there; Max-Gram does nothing.
 - ``cost_curve(costs)``: the measured costs with this drafter's own curve as the draft curve. A

@@ -1,6 +1,7 @@
 """The decode loop with each batch-shape mode on the tiny models and a scripted cost curve: what
 the policy planned and what the target then verified, round by round, hold the rules of the mode
-(held choices, padding, trees within their arm) and the output stays plain decoding's."""
+(held choices, padding, trees within their arm), every stage the arm runs proposes while it has
+room, and the output stays plain decoding's."""
 from __future__ import annotations
 
 import pytest
@@ -27,6 +28,35 @@ MODES = {Shapes.FREE: (False, Costs(CURVE, DRAFT)),
          Shapes.STABLE: (True, Costs(CURVE, DRAFT, switch=3e-3))}
 
 
+def recording(stage, calls: list[list]) -> None:
+    """Wrap `stage.propose` to note (stage index, tree.n before, after) in the round's list, calls[-1]."""
+    inner = stage.propose
+
+    def propose(tree, index, budget, sampling, rng):
+        before = tree.n
+        inner(tree, index, budget, sampling, rng)
+        calls[-1].append((index, before, tree.n))
+    stage.propose = propose
+
+
+def proposed_wherever_room_was_left(plan, calls: list, stages) -> bool:
+    """Whether each of the plan's stages proposed when the tree had room left for it (a model
+    stage with none ends the round's drafting), in order, each on the tree the last one left."""
+    made = {index: (before, after) for index, before, after in calls}
+    expected, n = [], 1
+    for index in plan.stages:
+        room = (plan.room if stages[index].uses_model else plan.free_room) - (n - 1)
+        if room <= 0:
+            if stages[index].uses_model:
+                break
+            continue
+        if made.get(index, (None,))[0] != n:
+            return False
+        expected.append(index)
+        n = made[index][1]
+    return [index for index, _, _ in calls] == expected
+
+
 @pytest.mark.parametrize("mode", list(MODES), ids=[m.value for m in MODES])
 def test_rounds_keep_their_modes_rules(tiny, mode):
     offloaded, costs = MODES[mode]
@@ -38,8 +68,11 @@ def test_rounds_keep_their_modes_rules(tiny, mode):
         assert policy.shapes is mode and policy.bandit is not None
         engine = Engine(session.engine.target, session.stages, policy)
         rounds: list[list] = []                 # [plan, tokens verified, pad_to, top_up]
+        calls: list[list] = []                  # per round: the stages' proposes (recording)
+        for d in session.stages:
+            recording(d, calls)
         plan, verify = policy.plan, engine.target.verify
-        policy.plan = lambda room: (rounds.append([plan(room)]), rounds[-1][0])[1]
+        policy.plan = lambda room: (rounds.append([plan(room)]), calls.append([]), rounds[-1][0])[2]
         engine.target.verify = lambda tree, pad_to=0, top_up=True: (
             rounds[-1].extend([tree.n, pad_to, top_up]), verify(tree, pad_to, top_up))[1]
         generations = []
@@ -48,8 +81,10 @@ def test_rounds_keep_their_modes_rules(tiny, mode):
             got = finish(engine.generate(GenerationRequest(tuple(tokens), MAX_TOKENS)))
             assert got.tokens == plain.run(tokens, max_tokens=MAX_TOKENS).tokens
             assert len(rounds) == got.stats.target_calls
+            assert all(proposed_wherever_room_was_left(r[0], c, session.stages) for r, c in zip(rounds, calls))
             generations.append(rounds[:])
             rounds.clear()
+            calls.clear()
     finally:
         session.close()
         plain.close()

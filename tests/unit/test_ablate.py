@@ -14,7 +14,6 @@ from localspec.engine.config import SamplingParams, TreeBudget
 from localspec.engine.drafters.maxgram import MaxGram, match_hint
 from localspec.engine.prune import AcceptanceModel
 from localspec.engine.tree import DraftTree
-from localspec.engine.worth import StageWorth
 
 import dev_scripts
 
@@ -84,20 +83,6 @@ def test_the_plain_arm_variant_flips_the_machine_rule():
 
 def test_the_variants_change_what_the_code_that_reads_them_does():
     """The constants are read at call time, so a patch reaches the engine's parts."""
-    def rounds_run(n: int = 200) -> int:
-        worth = StageWorth(1)
-        worth.tokens[0], worth.seconds[0] = 0.01, 1.0     # far from paying: tried again only rarely
-        count = 0
-        for _ in range(n):
-            ran = worth.runs(0, 1e-3)
-            worth.credit([ran], [0.0])
-            count += ran
-        return count
-
-    assert rounds_run() <= 2
-    with ablate.patched(VARIANTS["worth-off"].patches):
-        assert rounds_run() == 200                    # stage worth off: it runs every round
-
     def probes() -> list[int]:
         budget = AdaptiveBudget((Arm(0), Arm(32, models=False)))
         budget.update(0, 1, 0.1)

@@ -1,6 +1,6 @@
 """The decode policy's choices on hand-built trees and hand-made cost curves (no model loaded):
 which policy and arms an engine gets, the batch-shape mode and its padding and prices, held
-choices, the stages a round runs, pruning, the free stages' gate, and what carries to the next run."""
+choices, the stages a round runs, pruning, and what carries to the next run."""
 from __future__ import annotations
 
 import time
@@ -65,7 +65,7 @@ def test_a_fixed_tree_without_costs_verifies_every_drafted_node_at_its_size():
     assert policy.plan(room=100) == Plan(Arm(8), (0, 1), 8, 4)
     assert policy.plan(room=5) == Plan(Arm(8), (0, 1), 5, 2)     # the context's end bounds it
     tree = chain((10, 11, 12), hint=0)
-    assert policy.select(tree) is tree and policy.runs(0)
+    assert policy.select(tree) is tree
 
 
 def test_the_shape_mode_is_chosen_once_from_where_the_target_runs_and_its_calibration():
@@ -163,31 +163,6 @@ def test_pruning_keeps_what_pays_and_learns_from_what_it_dropped():
     after = policy.learnt()["acceptance"]
     assert sum(after["proposed"][0][1]) > proposed                  # the dropped node was judged
     assert after["accepted"][0][1][1] > learnt.state()["accepted"][0][1][1]
-
-
-def test_a_free_stage_runs_while_it_pays_for_its_time():
-    policy = make_policy(TreeBudget(max_nodes=8), [FREE], CPU, offloaded=False)
-    policy.begin()
-    ran = 0
-    for _ in range(200):
-        policy.plan(room=8)
-        if policy.runs(0):
-            ran += 1
-            policy.ran(0, 5.0)                  # five plain steps of Python for nothing accepted
-        policy.observe(chain(()), (), [7], greedy=True, started=time.perf_counter())
-    assert 1 <= ran < 20                        # tried now and then, in case it starts to pay
-    fresh = make_policy(TreeBudget(max_nodes=8), [FREE], CPU, offloaded=False)
-    assert all(fresh.plan(room=8) and fresh.runs(0) for _ in range(50))   # nothing measured: it runs
-
-
-def test_a_copy_arm_always_runs_its_stage():
-    policy = make_policy(TreeBudget(max_nodes=32, adaptive=True), [FREE], CHEAP, offloaded=True)
-    assert policy.plan(room=64).arm == Arm(32, models=False)
-    assert policy.runs(0)
-    policy.ran(0, 50.0)                         # far too slow to pay
-    policy.observe(chain((10,)), (), [7], greedy=True, started=time.perf_counter())
-    assert policy.plan(room=64).arm.pruned is False
-    assert policy.runs(0)
 
 
 def test_what_one_run_learnt_starts_the_next():
