@@ -7,11 +7,11 @@ suffix that occurred before and copies the continuation of its most recent occur
 per distinct next token. It has no distribution q, so its children are deterministic (the verifier's
 exact-match rule).
 
-Each chain is tagged (`DraftTree.hint`) with how long the copied stretch already agrees with the
-text just written: its match extended backwards, up to `MATCH_CAP` tokens. That is what predicts
-acceptance: inside a block being copied the match is long and the copy runs on for dozens of
-tokens; a 3-token coincidence in new prose mostly misses. Pruning (prune.py) learns the rate per
-class and depth, so a chain can be long (`max_depth`) and only the part that pays is verified.
+Each chain is tagged (`DraftTree.hint`) with the length of the suffix it was found by, which
+predicts acceptance: inside a block being copied the longest suffix looked up matches and the copy
+runs on for dozens of tokens; a 3-token coincidence in new prose mostly misses. Pruning (prune.py)
+learns the rate per class and depth, so a chain can be long (`max_depth`) and only the part that
+pays is verified.
 """
 from __future__ import annotations
 
@@ -27,7 +27,6 @@ from ..tree import DraftTree
 if TYPE_CHECKING:
     from ..calibrate import Costs
 
-MATCH_CAP = 32                              # tokens compared backwards for a chain's hint
 _MATCH_EDGES = (3, 4, 6, 8, 12, 16, 32)     # match length -> hint 0..7
 
 
@@ -85,6 +84,7 @@ class MaxGram:
                 break
         else:
             return
+        hint = match_hint(n)                       # every chain was found by the same suffix
         seen: set[int] = set()
         for start in reversed(starts):             # most recent occurrence first
             if budget <= 0 or len(seen) >= lim.branching:
@@ -92,7 +92,6 @@ class MaxGram:
             if start >= end or toks[start] in seen:
                 continue
             seen.add(toks[start])
-            hint = match_hint(_match_length(toks, start, end, n))
             node = 0
             for tok in toks[start:start + lim.max_depth]:
                 child = tree.child_with_token(node, tok)
@@ -111,11 +110,3 @@ class MaxGram:
 
     def close(self) -> None:
         self._tokens, self._follow = [], {}
-
-
-def _match_length(toks: list[int], start: int, end: int, known: int) -> int:
-    """How many tokens before `start` equal those before `end` (at least `known`), up to MATCH_CAP."""
-    n = known
-    while n < MATCH_CAP and start - n > 0 and toks[start - n - 1] == toks[end - n - 1]:
-        n += 1
-    return n

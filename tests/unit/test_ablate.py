@@ -10,8 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from localspec.engine.budget import AdaptiveBudget, Arm
-from localspec.engine.config import SamplingParams, TreeBudget
-from localspec.engine.drafters.maxgram import MaxGram, match_hint
+from localspec.engine.config import TreeBudget
 from localspec.engine.prune import AcceptanceModel
 from localspec.engine.tree import DraftTree
 
@@ -92,19 +91,6 @@ def test_the_variants_change_what_the_code_that_reads_them_does():
     assert probes()[:5] == [1, 1, 1, 1, 0]            # PROBE_ROUNDS = 4
     with ablate.patched(VARIANTS["probe-1"].patches):
         assert probes()[:5] == [1, 0, 0, 0, 0]
-
-
-def test_match_cap_0_classes_a_chain_by_the_suffix_looked_up():
-    block = list(range(100, 160))
-    context = block + [0] + block[:40]               # 40 tokens already copied
-    d = MaxGram()
-    d.begin(context)
-    tree = DraftTree(64)
-    for patches, hint in (((), match_hint(32)), (VARIANTS["match-cap-0"].patches, match_hint(8))):
-        tree.reset(context[-1])
-        with ablate.patched(patches):
-            d.propose(tree, 0, 8, SamplingParams(), np.random.default_rng(0))
-        assert tree.hint[1] == hint
 
 
 def test_no_pruning_keeps_every_node_over_the_unpruned_arms():

@@ -32,11 +32,13 @@ def test_copies_what_followed_the_most_recent_match_first():
     assert chains(tree) == [block[20:36]]
 
 
-def test_hint_grows_with_how_long_the_copy_already_agrees():
+def test_hint_is_the_length_of_the_suffix_looked_up():
     block = list(range(100, 160))
     short = propose([5, 1, 2, 3, 40, 41, 42, 43, 6, 1, 2, 3])           # a 3-token coincidence
+    five = propose([7, 1, 2, 3, 4, 5, 40, 41, 6, 1, 2, 3, 4, 5])         # the longest suffix seen: 5
     long = propose(block + [0] + block[:40])                             # 40 tokens copied so far
-    assert short.hint[1] == match_hint(3) < long.hint[1] == match_hint(32)
+    assert short.hint[1] == match_hint(3) < five.hint[1] == match_hint(5)
+    assert long.hint[1] == match_hint(MaxGramLimits().max_n)             # not the 40 tokens agreeing
     assert (long.hint[1:long.n] == long.hint[1]).all()                 # the whole chain shares it
     assert [match_hint(n) for n in (2, 3, 4, 6, 8, 12, 16, 32, 99)] == [*range(8), 7]
 
