@@ -77,9 +77,6 @@ def config(name: str) -> BenchConfig:
     copies chains of N nodes (to compare budgets side by side in one run)."""
     if name in CONFIGS:
         return CONFIGS[name]
-    if name == "adaptive-free":   # the adaptive budget without a plain arm on a CPU too (as on GPUs)
-        base = CONFIGS["adaptive"]
-        return BenchConfig(name, base.stages, replace(base.budget, plain_arm=False), base.draft_limits)
     m = re.fullmatch(r"adaptive-copy([0-9]+)", name)   # the GPU's Max-Gram arm with chains of N
     if m and 1 <= int(m.group(1)) < DEFAULT_TREE_NODES:
         base = CONFIGS["adaptive"]

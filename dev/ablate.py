@@ -82,6 +82,7 @@ def patched(patches: Sequence[Patch]) -> Iterator[None]:
 class Need(enum.Enum):
     """What a variant needs in the baseline engine to change anything at all."""
     MODEL_STAGE = "a draft model or head among the stages"
+    SEVERAL_ARMS = "several arms to choose among (a draft model, or a GPU's copy arm)"
     OFFLOADED = "a target on a GPU"
     STABLE_SHAPES = "held batch shapes (a GPU without cheap shape changes)"
 
@@ -115,8 +116,8 @@ def _unpruned_arms(self: TreeBudget, with_models: bool = True, pruned: bool = Fa
     return _ARMS(self, with_models, pruned=False, **kwargs)
 
 
-def variants(offloaded: bool) -> tuple[Variant, ...]:
-    """One variant per tuned constant or mechanism; the plain arm's flips by machine (0007)."""
+def variants() -> tuple[Variant, ...]:
+    """One variant per tuned constant or mechanism."""
     budget = "localspec.engine.budget:AdaptiveBudget"
     prune = "localspec.engine.prune:AcceptanceModel"
     return (
@@ -124,7 +125,8 @@ def variants(offloaded: bool) -> tuple[Variant, ...]:
         Variant("tree-16", "DEFAULT_TREE_NODES = 32", "engine/config.py", "16", "0018",
                 budget=(("max_nodes", 16),)),
         Variant("probe-1", "AdaptiveBudget.PROBE_ROUNDS = 4", "engine/budget.py",
-                "1 (single probe rounds)", "0009", (Patch(f"{budget}.PROBE_ROUNDS", 1),)),
+                "1 (single probe rounds)", "0009", (Patch(f"{budget}.PROBE_ROUNDS", 1),),
+                needs=Need.SEVERAL_ARMS),
         Variant("cheap-every-64", "AdaptiveBudget.CHEAP_EVERY = 8", "engine/budget.py",
                 "64 (= explore_every: free arms probed like any other)", "0009",
                 (Patch(f"{budget}.CHEAP_EVERY", 64),), needs=Need.MODEL_STAGE),
@@ -139,10 +141,6 @@ def variants(offloaded: bool) -> tuple[Variant, ...]:
                 "every drafted node verified; free arms of 4, 8, 16, 32 nodes (the arms before 0020)",
                 "0020", (Patch("localspec.engine.prune:choose", keep_every_node),
                          Patch("localspec.engine.config:TreeBudget.arms", _unpruned_arms))),
-        Variant("plain-arm-on" if offloaded else "plain-arm-off",
-                f"TreeBudget.plain_arm = None (a plain arm {'on CPUs only' if offloaded else 'here'})",
-                "engine/config.py", "a plain arm" if offloaded else "no plain arm", "0007",
-                budget=(("plain_arm", offloaded),)),
         Variant("copy-arm-off", "COPY_NODES = 7 (the copy arm)", "engine/config.py", "0 (no copy arm)",
                 "0006", budget=(("copy_nodes", 0),), needs=Need.OFFLOADED),
         Variant("hold-1", "HOLD = 16", "engine/policy.py", "1 (a choice every round)", "0008",
@@ -520,13 +518,14 @@ def run(options, blocks: Sequence[Block], store, source: str, out: Path, request
     started, commit = time.time(), _commit()
     stage_names = options.stages
     neural = tuple(s for s in stage_names if s not in ("maxgram", "personal"))
-    top = max(v.budget_of(options.budget).max_nodes for v in variants(False))
+    top = max(v.budget_of(options.budget).max_nodes for v in variants())
     loaded = load(replace(options, budget=replace(options.budget, max_nodes=top)), neural, measure=True)
     try:
         base = loaded.engine(loaded.stages(stage_names, replace(loaded.parts, store=store)), options.budget)
         holds = {Need.MODEL_STAGE: any(d.uses_model for d in base.stages), Need.OFFLOADED: loaded.offloaded,
+                 Need.SEVERAL_ARMS: base.policy.bandit is not None,
                  Need.STABLE_SHAPES: base.policy.shapes is Shapes.STABLE}
-        every = variants(loaded.offloaded)
+        every = variants()
         wanted = wanted or [v.name for v in every]
         chosen = [v for v in every if v.name in wanted and (v.needs is None or holds[v.needs])]
         sampling = request(()).sampling
@@ -598,7 +597,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if not args.model:
         p.error("--model is required (or --from an earlier ablation.json)")
-    known = {v.name for offloaded in (False, True) for v in variants(offloaded)}
+    known = {v.name for v in variants()}
     wanted = args.variants.split(",") if args.variants else None
     if wanted and set(wanted) - known:
         p.error(f"unknown variants {sorted(set(wanted) - known)}; choose from {', '.join(sorted(known))}")

@@ -44,23 +44,18 @@ class TreeBudget:
 
     max_nodes: int = 16
     adaptive: bool = False
-    plain_arm: bool | None = None   # adaptive, with a cost curve: a plain arm beside the free one
-    # (None: where rounds are chosen one by one, CPUs; see arms())
     copy_nodes: int = COPY_NODES    # the GPU's unpruned Max-Gram arm: chains of this many nodes
 
     def arms(self, with_models: bool = True, pruned: bool = False,
-             with_free: bool = True, plain: bool = True, copy: bool = True) -> tuple[Arm, ...]:
+             with_free: bool = True, copy: bool = True) -> tuple[Arm, ...]:
         """Fixed: the one tree size. Adaptive: plain, free drafters alone, and all drafters, at a
         few sizes up to max_nodes (the model drafters at most 16: deeper guesses of a neural draft
         cost a forward each). pruned: each round keeps only the nodes that pay (prune.py), which
-        picks the free drafters' size round by round, so they get one arm, the largest. Such an
-        arm can stand in for plain decoding (plain=False): a round whose guesses do not pay is
-        pruned to its root, a plain step. Where the policy's choice is held for many rounds
-        (GPUs, policy.HOLD) that is better: a held plain arm kept speculation off for whole
-        stretches, also where a long Max-Gram match would have paid. Where it chooses every round
-        (CPUs) a plain arm stays as a check on pruning's estimates, which can be optimistic there.
-        On a GPU the check goes the other way: pruning can be conservative, so Max-Gram alone,
-        unpruned, is a second free arm there (copy: COPY_NODES)."""
+        picks the free drafters' size round by round, so they get one arm, the largest, and it
+        stands in for plain decoding: a round whose guesses do not pay is pruned to its root, a
+        plain step, so there is no plain arm beside it (a held one kept speculation off for whole
+        stretches, also where a long Max-Gram match would have paid). copy: where pruning can be
+        conservative (GPUs), Max-Gram alone, unpruned, is a second free arm (COPY_NODES)."""
         from .budget import Arm
 
         if not self.adaptive or self.max_nodes <= 0:
@@ -69,9 +64,7 @@ class TreeBudget:
         full = tuple(Arm(n) for n in sizes) if with_models else ()
         if not with_free:
             return (Arm(0), *full)
-        if pruned and plain:
-            return (Arm(0), Arm(self.max_nodes, models=False), *full)
-        if pruned:   # a GPU: Max-Gram's chains verified whole, as a second free arm
+        if pruned:
             n_copy = self.copy_nodes
             whole = (Arm(n_copy, models=False, pruned=False),) if copy and 0 < n_copy < self.max_nodes else ()
             return (Arm(self.max_nodes, models=False), *whole, *full)

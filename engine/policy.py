@@ -235,14 +235,12 @@ def make_policy(budget: TreeBudget, stages: Sequence[Drafter], costs: Costs | No
     measured); with it every round keeps only the drafted nodes that pay, which is the per-round
     gate (a round with no guess worth its batch is a plain step), and arms that could not beat
     plain decoding even in the best case are never tried. offloaded: the target runs on a GPU,
-    which picks the batch-shape mode (Shapes.of) and the arms (TreeBudget.arms: there the free
-    drafters' arm stands in for plain decoding, and Max-Gram's chains verified whole are an arm)."""
+    which picks the batch-shape mode (Shapes.of) and adds an arm (TreeBudget.arms: Max-Gram's
+    chains verified whole, the copy arm)."""
     if not stages:
         return FixedPolicy(Arm(0), stages)
     arms = budget.arms(any(d.uses_model for d in stages), pruned=costs is not None,
-                       with_free=any(not d.uses_model for d in stages),
-                       plain=not offloaded if budget.plain_arm is None else budget.plain_arm,
-                       copy=offloaded)
+                       with_free=any(not d.uses_model for d in stages), copy=offloaded)
     if costs is None and len(arms) == 1:
         return FixedPolicy(arms[0], stages)
     dropped: tuple[Arm, ...] = ()

@@ -143,8 +143,8 @@ def test_adaptive_n_names_a_budget_and_bad_names_name_the_choices(tiny, tmp_path
     # adaptive-copyN: the GPU's unpruned Max-Gram arm with chains of N nodes (a verify of N + 1)
     copy7 = bench.config("adaptive-copy7").budget
     assert copy7.copy_nodes == 7 and copy7.max_nodes == bench.CONFIGS["adaptive"].budget.max_nodes
-    assert Arm(7, models=False, pruned=False) in copy7.arms(pruned=True, plain=False)
-    assert Arm(8, models=False, pruned=False) not in copy7.arms(pruned=True, plain=False)
+    assert Arm(7, models=False, pruned=False) in copy7.arms(pruned=True)
+    assert Arm(8, models=False, pruned=False) not in copy7.arms(pruned=True)
     for bad in ("adaptive-0", "adaptive-x", "linear", "adaptive-copy0", "adaptive-copy32"):
         with pytest.raises(KeyError):
             bench.config(bad)

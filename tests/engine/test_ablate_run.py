@@ -40,7 +40,7 @@ def request(tokens: tuple) -> GenerationRequest:
 
 def test_every_variant_runs_interleaved_and_the_constants_are_back_afterwards(tiny, blocks_and_store, tmp_path):
     blocks, store = blocks_and_store
-    patches = [p for offloaded in (False, True) for v in ablate.variants(offloaded) for p in v.patches]
+    patches = [p for v in ablate.variants() for p in v.patches]
     owners = [ablate._owner(p.where) for p in patches]
     before = [vars(owner)[name] for owner, name in owners]
     options = Options(tiny.target_gguf, draft=tiny.draft_gguf, use_head=False, n_ctx=512, n_threads=1)
@@ -50,7 +50,8 @@ def test_every_variant_runs_interleaved_and_the_constants_are_back_afterwards(ti
     assert report["rows"] == json.loads((tmp_path / "ablation.json").read_text())["rows"]
     assert report["complete"] and report["blocks"] == ["doc#1", "doc#2"] and report["shapes"] == "free"
     assert report["stages"] == ["maxgram", "personal", "draft"]
-    run_here = [v.name for v in ablate.variants(False) if v.needs in (None, ablate.Need.MODEL_STAGE)]
+    run_here = [v.name for v in ablate.variants()
+                if v.needs in (None, ablate.Need.MODEL_STAGE, ablate.Need.SEVERAL_ARMS)]
     assert [r["config"] for r in report["rows"]] == ["plain", "baseline", *run_here]
     assert set(report["skipped"]) == {"copy-arm-off", "hold-1"}     # a GPU's
     assert len(report["runs"]) == 4 * len(report["rows"]) and all(r["tokens"] > 0 for r in report["rows"])
@@ -67,8 +68,8 @@ def test_the_gpu_variants_run_under_the_gpu_policy(tiny, blocks_and_store, tmp_p
     blocks, store = blocks_and_store
     options = Options(tiny.target_gguf, use_head=False, n_ctx=512, n_threads=1, stable_shapes=True)
     report = ablate.run(options, blocks[:1], store, "held-out documents", tmp_path, request, quiet=None,
-                        wanted=["plain-arm-on", "copy-arm-off", "hold-1"])
+                        wanted=["copy-arm-off", "hold-1"])
     assert report["shapes"] == "buckets" and "7 copy" in report["arms"] and "0" not in report["arms"]
-    assert [r["config"] for r in report["rows"]] == ["plain", "baseline", "plain-arm-on", "copy-arm-off"]
+    assert [r["config"] for r in report["rows"]] == ["plain", "baseline", "copy-arm-off"]
     assert report["skipped"] == {"hold-1": ablate.Need.STABLE_SHAPES.value}
     assert all(r["identical"] for r in report["runs"] if r["config"] != "plain")

@@ -19,7 +19,7 @@ import dev_scripts
 ROOT = Path(__file__).resolve().parents[2]
 ablate = dev_scripts.load("ablate")
 Patch, Run = ablate.Patch, ablate.Run
-VARIANTS = {v.name: v for offloaded in (False, True) for v in ablate.variants(offloaded)}
+VARIANTS = {v.name: v for v in ablate.variants()}
 
 
 def test_patched_sets_values_for_the_block_only_also_when_it_raises():
@@ -74,12 +74,6 @@ def test_every_variant_patches_an_attribute_the_engine_defines_and_budgets_field
         assert v.patches or v.budget or v.name == "repeat"
 
 
-def test_the_plain_arm_variant_flips_the_machine_rule():
-    cpu, gpu = (next(v for v in ablate.variants(o) if v.name.startswith("plain-arm")) for o in (False, True))
-    assert cpu.budget_of(TreeBudget(32, adaptive=True)).plain_arm is False and cpu.name == "plain-arm-off"
-    assert gpu.budget_of(TreeBudget(32, adaptive=True)).plain_arm is True and gpu.name == "plain-arm-on"
-
-
 def test_the_variants_change_what_the_code_that_reads_them_does():
     """The constants are read at call time, so a patch reaches the engine's parts."""
     def probes() -> list[int]:
@@ -97,13 +91,13 @@ def test_no_pruning_keeps_every_node_over_the_unpruned_arms():
     budget = TreeBudget(32, adaptive=True)
     with ablate.patched(VARIANTS["no-pruning"].patches):
         from localspec.engine import prune
-        arms = budget.arms(False, pruned=True, with_free=True, plain=True, copy=False)
+        arms = budget.arms(False, pruned=True, with_free=True, copy=False)
         tree = DraftTree(8)
         tree.reset(1)
         tree.add(0, 2, 0.0, 0)
         assert prune.choose(tree, np.array([1.0, 0.0]), lambda k: 1.0).all()
     assert arms == (Arm(0), *(Arm(n, models=False) for n in (4, 8, 16, 32)))
-    assert budget.arms(False, pruned=True, with_free=True, plain=True, copy=False) == (Arm(0), Arm(32, models=False))
+    assert budget.arms(False, pruned=True, with_free=True, copy=False) == (Arm(32, models=False),)
 
 
 def test_rotation_puts_each_configuration_in_each_place_once_per_cycle():

@@ -45,12 +45,12 @@ def test_arms_of_fixed_and_adaptive_budgets():
     assert TreeBudget(max_nodes=8, adaptive=True).arms(with_models=False) == (
         Arm(0), Arm(4, False), Arm(8, False))
     # pruned rounds pick the free drafters' size themselves, down to a plain step: one free arm,
-    # which may stand in for plain decoding; models stop at 16
+    # which stands in for plain decoding; models stop at 16
+    assert TreeBudget(max_nodes=32, adaptive=True).arms(pruned=True, copy=False) == (
+        Arm(32, False), Arm(4), Arm(8), Arm(16))
+    # on a GPU Max-Gram's 7-node chains verified whole (8 rows with the root: the most llama.cpp's
+    # CUDA mat-vec takes) are a second free arm
     assert TreeBudget(max_nodes=32, adaptive=True).arms(pruned=True) == (
-        Arm(0), Arm(32, False), Arm(4), Arm(8), Arm(16))
-    # on a GPU (no plain arm) Max-Gram's 7-node chains verified whole (8 rows with the root: the
-    # most llama.cpp's CUDA mat-vec takes) are a second free arm
-    assert TreeBudget(max_nodes=32, adaptive=True).arms(pruned=True, plain=False) == (
         Arm(32, False), Arm(7, False, pruned=False), Arm(4), Arm(8), Arm(16))
     assert str(Arm(7, False, pruned=False)) == "7 copy" and str(Arm(32, False)) == "32 free"
     assert TreeBudget(max_nodes=32, adaptive=True).arms(pruned=True, with_free=False) == (
@@ -92,14 +92,9 @@ def test_while_a_model_arm_leads_the_free_arm_is_probed_often(monkeypatch):
 
 
 
-def test_the_plain_arm_and_the_copy_arm_are_switches():
+def test_the_copy_arm_is_a_switch():
     budget = TreeBudget(max_nodes=32, adaptive=True)
-    cpu = budget.arms(with_models=False, pruned=True, plain=True)
-    assert cpu == (Arm(0), Arm(32, models=False))
-    no_plain = budget.arms(with_models=False, pruned=True, plain=False, copy=False)
-    assert no_plain == (Arm(32, models=False),)          # the free arm stands in for plain
-    gpu = budget.arms(with_models=False, pruned=True, plain=False)
+    cpu = budget.arms(with_models=False, pruned=True, copy=False)
+    assert cpu == (Arm(32, models=False),)          # the free arm stands in for plain
+    gpu = budget.arms(with_models=False, pruned=True)
     assert gpu == (Arm(32, models=False), Arm(COPY_NODES, models=False, pruned=False))
-
-    from localspec.app.bench import config
-    assert config("adaptive-free").budget.plain_arm is False and config("adaptive").budget.plain_arm is None

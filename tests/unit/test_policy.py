@@ -105,12 +105,13 @@ def test_arms_follow_the_machine_and_the_calibration_rules_out_losers():
     # a GPU: the free arm stands in for plain decoding, Max-Gram's chains verified whole beside it
     assert make_policy(budget, [FREE], GPU, offloaded=True).arms == (
         Arm(32, models=False), Arm(COPY_NODES, models=False, pruned=False))
-    assert make_policy(budget, [FREE], CPU, offloaded=False).arms == (Arm(0), Arm(32, models=False))
+    cpu = make_policy(budget, [FREE], CPU, offloaded=False)      # no plain arm: nothing to choose
+    assert cpu.arms == (Arm(32, models=False),) and cpu.bandit is None
     # a steep curve and a slow draft: some model arms cannot beat plain decoding even if every
     # guess were taken; they are dropped before any round, the free ones never
     slow = replace(CPU, draft={1: 0.6, 4: 0.9})
     policy = make_policy(budget, [FREE, MODEL], slow, offloaded=False)
-    everything = budget.arms(True, pruned=True, with_free=True, plain=True, copy=False)
+    everything = budget.arms(True, pruned=True, with_free=True, copy=False)
     assert policy.dropped and all(a.models and a.nodes for a in policy.dropped)
     assert set(policy.arms) | set(policy.dropped) == set(everything)
     assert not set(slow.viable(policy.dropped, 4, 8)) and set(policy.arms) <= set(everything)
