@@ -73,15 +73,9 @@ CONFIGS = {
 
 def config(name: str) -> BenchConfig:
     """A configuration by name: one of CONFIGS, or "adaptive-N", the adaptive one with trees of
-    at most N nodes, or "adaptive-copyN", the adaptive one whose unpruned Max-Gram arm (GPUs)
-    copies chains of N nodes (to compare budgets side by side in one run)."""
+    at most N nodes (to compare budgets side by side in one run)."""
     if name in CONFIGS:
         return CONFIGS[name]
-    m = re.fullmatch(r"adaptive-copy([0-9]+)", name)   # the GPU's Max-Gram arm with chains of N
-    if m and 1 <= int(m.group(1)) < DEFAULT_TREE_NODES:
-        base = CONFIGS["adaptive"]
-        return BenchConfig(name, base.stages, replace(base.budget, copy_nodes=int(m.group(1))),
-                           base.draft_limits)
     m = re.fullmatch(r"adaptive-([0-9]+)", name)
     if m and 1 <= int(m.group(1)) <= 64:
         base = CONFIGS["adaptive"]

@@ -255,7 +255,6 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     with terminal_progress(sys.stderr) as progress:
         loaded = load(options, names, measure=True, refresh=args.refresh, progress=progress)
     try:
-        target = loaded.model
         costs = loaded.stage_costs(loaded.stages(names))   # a head times its own steps
     finally:
         loaded.close()
@@ -267,7 +266,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if costs.tiled_min is not None:
         print(f"ggml's tiled matmul from {costs.tiled_min} batch rows (measured: fewer rows go row by row)")
     arms = TreeBudget(max_nodes=options.budget.max_nodes, adaptive=True).arms(
-        with_models=draft is not None, pruned=True, copy=target.n_gpu_layers != 0)
+        with_models=draft is not None, pruned=True)
     # what generate and chat draft with: the engine judges by the same
     limits = options.head_limits if options.head is not None else options.draft_limits
     kept = costs.viable(arms, limits.width, limits.max_depth)

@@ -10,8 +10,8 @@ Why it is shaped so:
 * The constants are class and module attributes that the engine reads while it builds or runs an
   engine (each VARIANTS entry says where); a variant sets them only around its own engine's
   construction and generations (`patched`) and puts them back, so the engine stays as it ships.
-  Those captured at import as TreeBudget's defaults (DEFAULT_TREE_NODES, COPY_NODES) are varied
-  through the variant's budget instead.
+  Those captured at import as TreeBudget's defaults (DEFAULT_TREE_NODES) are varied through the
+  variant's budget instead.
 * A variant that cannot change anything in this run (a draft model's arms with no draft model,
   held batch shapes on a CPU) is not run; the report says why.
 * The spread: a variant's tok/s over the baseline's, pooled over prompts, and a bootstrap of that
@@ -82,8 +82,7 @@ def patched(patches: Sequence[Patch]) -> Iterator[None]:
 class Need(enum.Enum):
     """What a variant needs in the baseline engine to change anything at all."""
     MODEL_STAGE = "a draft model or head among the stages"
-    SEVERAL_ARMS = "several arms to choose among (a draft model, or a GPU's copy arm)"
-    OFFLOADED = "a target on a GPU"
+    SEVERAL_ARMS = "several arms to choose among (a draft model or head among the stages)"
     STABLE_SHAPES = "held batch shapes (a GPU without cheap shape changes)"
 
 
@@ -141,8 +140,6 @@ def variants() -> tuple[Variant, ...]:
                 "every drafted node verified; free arms of 4, 8, 16, 32 nodes (the arms before 0020)",
                 "0020", (Patch("localspec.engine.prune:choose", keep_every_node),
                          Patch("localspec.engine.config:TreeBudget.arms", _unpruned_arms))),
-        Variant("copy-arm-off", "COPY_NODES = 7 (the copy arm)", "engine/config.py", "0 (no copy arm)",
-                "0006", budget=(("copy_nodes", 0),), needs=Need.OFFLOADED),
         Variant("hold-1", "HOLD = 16", "engine/policy.py", "1 (a choice every round)", "0008",
                 (Patch("localspec.engine.policy:HOLD", 1),), needs=Need.STABLE_SHAPES),
     )
@@ -522,7 +519,7 @@ def run(options, blocks: Sequence[Block], store, source: str, out: Path, request
     loaded = load(replace(options, budget=replace(options.budget, max_nodes=top)), neural, measure=True)
     try:
         base = loaded.engine(loaded.stages(stage_names, replace(loaded.parts, store=store)), options.budget)
-        holds = {Need.MODEL_STAGE: any(d.uses_model for d in base.stages), Need.OFFLOADED: loaded.offloaded,
+        holds = {Need.MODEL_STAGE: any(d.uses_model for d in base.stages),
                  Need.SEVERAL_ARMS: base.policy.bandit is not None,
                  Need.STABLE_SHAPES: base.policy.shapes is Shapes.STABLE}
         every = variants()

@@ -27,16 +27,12 @@ from dataclasses import dataclass
 class Arm:
     nodes: int            # tree nodes below the root; 0 = plain
     models: bool = True   # model drafters take part (False: only the free drafters)
-    pruned: bool = True   # rounds keep only the nodes that pay (where a cost curve is known);
-    # an unpruned free arm is the cheapest stage's tree verified whole (Max-Gram alone)
 
     @property
     def drafts_with_models(self) -> bool:
         return self.models and self.nodes > 0
 
     def __str__(self) -> str:
-        if not self.pruned and not self.models and self.nodes:
-            return f"{self.nodes} copy"
         return f"{self.nodes}" + ("" if self.models or self.nodes == 0 else " free")
 
 

@@ -31,10 +31,6 @@ class SamplingParams:
 
 
 DEFAULT_TREE_NODES = 32   # largest adaptive tree: a long Max-Gram copy, pruned to what pays
-# Max-Gram's chains verified whole, up to this many nodes: a GPU's second free arm (TreeBudget.arms).
-# 7, so that a verify (root + chain) stays at 8 rows: llama.cpp's CUDA mat-vec kernel takes at most
-# 8 columns, and a 9th moves every matmul to its slower tiled kernel.
-COPY_NODES = 7
 
 
 @dataclass(frozen=True)
@@ -44,18 +40,16 @@ class TreeBudget:
 
     max_nodes: int = 16
     adaptive: bool = False
-    copy_nodes: int = COPY_NODES    # the GPU's unpruned Max-Gram arm: chains of this many nodes
 
     def arms(self, with_models: bool = True, pruned: bool = False,
-             with_free: bool = True, copy: bool = True) -> tuple[Arm, ...]:
+             with_free: bool = True) -> tuple[Arm, ...]:
         """Fixed: the one tree size. Adaptive: plain, free drafters alone, and all drafters, at a
         few sizes up to max_nodes (the model drafters at most 16: deeper guesses of a neural draft
         cost a forward each). pruned: each round keeps only the nodes that pay (prune.py), which
         picks the free drafters' size round by round, so they get one arm, the largest, and it
         stands in for plain decoding: a round whose guesses do not pay is pruned to its root, a
         plain step, so there is no plain arm beside it (a held one kept speculation off for whole
-        stretches, also where a long Max-Gram match would have paid). copy: where pruning can be
-        conservative (GPUs), Max-Gram alone, unpruned, is a second free arm (COPY_NODES)."""
+        stretches, also where a long Max-Gram match would have paid)."""
         from .budget import Arm
 
         if not self.adaptive or self.max_nodes <= 0:
@@ -65,9 +59,7 @@ class TreeBudget:
         if not with_free:
             return (Arm(0), *full)
         if pruned:
-            n_copy = self.copy_nodes
-            whole = (Arm(n_copy, models=False, pruned=False),) if copy and 0 < n_copy < self.max_nodes else ()
-            return (Arm(self.max_nodes, models=False), *whole, *full)
+            return (Arm(self.max_nodes, models=False), *full)
         return (Arm(0), *(Arm(n, models=False) for n in sorted({*sizes, self.max_nodes})), *full)
 
 @dataclass(frozen=True)

@@ -79,13 +79,10 @@ class Policy(Protocol):
 
 def route(arm: Arm, stages: Sequence[Drafter]) -> tuple[tuple[int, ...], bool]:
     """(the stages `arm` runs, in order; whether the free ones get half the room). A plain arm runs
-    none; a copy arm (unpruned, no models) the cheapest free stage alone, its tree verified whole.
-    With a model drafter after them the free stages fill at most half the tree: the model checks
+    none. With a model drafter after them the free stages fill at most half the tree: the model checks
     their chains along (vertical cascade) and spends the rest on its own guesses."""
     if arm.nodes == 0:
         return (), False
-    if not arm.pruned and not arm.models:
-        return (next(i for i, d in enumerate(stages) if not d.uses_model),), False
     chosen = tuple(i for i, d in enumerate(stages) if arm.models or not d.uses_model)
     return chosen, arm.models and any(stages[i].uses_model for i in chosen)
 
@@ -171,7 +168,7 @@ class AdaptivePolicy:
         of its kept nodes (drafters keep their own node numbering of `tree`)."""
         self._pruned_from = None
         arm = self.arms[self._index]
-        if self._acceptance is None or tree.n <= 1 or not arm.pruned:
+        if self._acceptance is None or tree.n <= 1:
             return tree
         cost = self._cost_table(arm, tree.n).__getitem__
         keep = prune.choose(tree, self._acceptance.node_probs(tree), cost)
@@ -235,12 +232,11 @@ def make_policy(budget: TreeBudget, stages: Sequence[Drafter], costs: Costs | No
     measured); with it every round keeps only the drafted nodes that pay, which is the per-round
     gate (a round with no guess worth its batch is a plain step), and arms that could not beat
     plain decoding even in the best case are never tried. offloaded: the target runs on a GPU,
-    which picks the batch-shape mode (Shapes.of) and adds an arm (TreeBudget.arms: Max-Gram's
-    chains verified whole, the copy arm)."""
+    which picks the batch-shape mode (Shapes.of)."""
     if not stages:
         return FixedPolicy(Arm(0), stages)
     arms = budget.arms(any(d.uses_model for d in stages), pruned=costs is not None,
-                       with_free=any(not d.uses_model for d in stages), copy=offloaded)
+                       with_free=any(not d.uses_model for d in stages))
     if costs is None and len(arms) == 1:
         return FixedPolicy(arms[0], stages)
     dropped: tuple[Arm, ...] = ()

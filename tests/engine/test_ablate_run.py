@@ -53,7 +53,7 @@ def test_every_variant_runs_interleaved_and_the_constants_are_back_afterwards(ti
     run_here = [v.name for v in ablate.variants()
                 if v.needs in (None, ablate.Need.MODEL_STAGE, ablate.Need.SEVERAL_ARMS)]
     assert [r["config"] for r in report["rows"]] == ["plain", "baseline", *run_here]
-    assert set(report["skipped"]) == {"copy-arm-off", "hold-1"}     # a GPU's
+    assert set(report["skipped"]) == {"hold-1"}     # a GPU's
     assert len(report["runs"]) == 4 * len(report["rows"]) and all(r["tokens"] > 0 for r in report["rows"])
     assert all(r["identical"] for r in report["runs"] if r["config"] != "plain")
     for row in report["rows"][2:]:
@@ -62,14 +62,15 @@ def test_every_variant_runs_interleaved_and_the_constants_are_back_afterwards(ti
     assert "no-pruning" in (tmp_path / "ablation.txt").read_text()
 
 
-def test_the_gpu_variants_run_under_the_gpu_policy(tiny, blocks_and_store, tmp_path):
+def test_the_gpu_policy_runs_its_one_free_arm_and_skips_the_held_shapes(tiny, blocks_and_store, tmp_path):
     """A GPU's arms and shapes on this CPU, whose shape changes are free: bucketed shapes, so the
-    held shapes' variant has nothing to change."""
+    held shapes' variant has nothing to change; without a draft model the pruned free arm is the
+    only arm, as on a CPU."""
     blocks, store = blocks_and_store
     options = Options(tiny.target_gguf, use_head=False, n_ctx=512, n_threads=1, stable_shapes=True)
     report = ablate.run(options, blocks[:1], store, "held-out documents", tmp_path, request, quiet=None,
-                        wanted=["copy-arm-off", "hold-1"])
-    assert report["shapes"] == "buckets" and "7 copy" in report["arms"] and "0" not in report["arms"]
-    assert [r["config"] for r in report["rows"]] == ["plain", "baseline", "copy-arm-off"]
+                        wanted=["tree-16", "hold-1"])
+    assert report["shapes"] == "buckets" and report["arms"] == ["32 free"]
+    assert [r["config"] for r in report["rows"]] == ["plain", "baseline", "tree-16"]
     assert report["skipped"] == {"hold-1": ablate.Need.STABLE_SHAPES.value}
     assert all(r["identical"] for r in report["runs"] if r["config"] != "plain")

@@ -91,13 +91,13 @@ def test_no_pruning_keeps_every_node_over_the_unpruned_arms():
     budget = TreeBudget(32, adaptive=True)
     with ablate.patched(VARIANTS["no-pruning"].patches):
         from localspec.engine import prune
-        arms = budget.arms(False, pruned=True, with_free=True, copy=False)
+        arms = budget.arms(False, pruned=True, with_free=True)
         tree = DraftTree(8)
         tree.reset(1)
         tree.add(0, 2, 0.0, 0)
         assert prune.choose(tree, np.array([1.0, 0.0]), lambda k: 1.0).all()
     assert arms == (Arm(0), *(Arm(n, models=False) for n in (4, 8, 16, 32)))
-    assert budget.arms(False, pruned=True, with_free=True, copy=False) == (Arm(32, models=False),)
+    assert budget.arms(False, pruned=True, with_free=True) == (Arm(32, models=False),)
 
 
 def test_rotation_puts_each_configuration_in_each_place_once_per_cycle():

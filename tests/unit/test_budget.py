@@ -2,7 +2,7 @@
 it settles on the fastest arm, turns speculation off when plain decoding is fastest (probing the
 losing arms rarely), and follows a change."""
 from localspec.engine.budget import AdaptiveBudget, Arm
-from localspec.engine.config import COPY_NODES, TreeBudget
+from localspec.engine.config import TreeBudget
 
 
 def play(ctrl: AdaptiveBudget, rates: dict[Arm, float], rounds: int) -> list[Arm]:
@@ -45,14 +45,10 @@ def test_arms_of_fixed_and_adaptive_budgets():
     assert TreeBudget(max_nodes=8, adaptive=True).arms(with_models=False) == (
         Arm(0), Arm(4, False), Arm(8, False))
     # pruned rounds pick the free drafters' size themselves, down to a plain step: one free arm,
-    # which stands in for plain decoding; models stop at 16
-    assert TreeBudget(max_nodes=32, adaptive=True).arms(pruned=True, copy=False) == (
-        Arm(32, False), Arm(4), Arm(8), Arm(16))
-    # on a GPU Max-Gram's 7-node chains verified whole (8 rows with the root: the most llama.cpp's
-    # CUDA mat-vec takes) are a second free arm
+    # which stands in for plain decoding on every machine; models stop at 16
     assert TreeBudget(max_nodes=32, adaptive=True).arms(pruned=True) == (
-        Arm(32, False), Arm(7, False, pruned=False), Arm(4), Arm(8), Arm(16))
-    assert str(Arm(7, False, pruned=False)) == "7 copy" and str(Arm(32, False)) == "32 free"
+        Arm(32, False), Arm(4), Arm(8), Arm(16))
+    assert str(Arm(32, False)) == "32 free" and str(Arm(8)) == "8" and str(Arm(0)) == "0"
     assert TreeBudget(max_nodes=32, adaptive=True).arms(pruned=True, with_free=False) == (
         Arm(0), Arm(4), Arm(8), Arm(16))
 
@@ -91,10 +87,3 @@ def test_while_a_model_arm_leads_the_free_arm_is_probed_often(monkeypatch):
     assert stretch_end(64)[0] > 190           # the usual schedule: still on the draft's arm
 
 
-
-def test_the_copy_arm_is_a_switch():
-    budget = TreeBudget(max_nodes=32, adaptive=True)
-    cpu = budget.arms(with_models=False, pruned=True, copy=False)
-    assert cpu == (Arm(32, models=False),)          # the free arm stands in for plain
-    gpu = budget.arms(with_models=False, pruned=True)
-    assert gpu == (Arm(32, models=False), Arm(COPY_NODES, models=False, pruned=False))

@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 import pytest
 from localspec.engine.budget import Arm
 from localspec.engine.calibrate import Costs
-from localspec.engine.config import COPY_NODES, DraftLimits, TreeBudget
+from localspec.engine.config import DraftLimits, TreeBudget
 from localspec.engine.policy import HOLD, AdaptivePolicy, FixedPolicy, Plan, make_policy
 from localspec.engine.prune import AcceptanceModel
 from localspec.engine.shapes import Shapes
@@ -102,16 +102,15 @@ def test_a_verify_is_priced_as_the_shape_mode_pads_it():
 
 def test_arms_follow_the_machine_and_the_calibration_rules_out_losers():
     budget = TreeBudget(max_nodes=32, adaptive=True)
-    # a GPU: the free arm stands in for plain decoding, Max-Gram's chains verified whole beside it
-    assert make_policy(budget, [FREE], GPU, offloaded=True).arms == (
-        Arm(32, models=False), Arm(COPY_NODES, models=False, pruned=False))
-    cpu = make_policy(budget, [FREE], CPU, offloaded=False)      # no plain arm: nothing to choose
-    assert cpu.arms == (Arm(32, models=False),) and cpu.bandit is None
+    # the free arm stands in for plain decoding, on a GPU as on a CPU: nothing to choose
+    for costs, offloaded in ((GPU, True), (CPU, False)):
+        policy = make_policy(budget, [FREE], costs, offloaded=offloaded)
+        assert policy.arms == (Arm(32, models=False),) and policy.bandit is None
     # a steep curve and a slow draft: some model arms cannot beat plain decoding even if every
     # guess were taken; they are dropped before any round, the free ones never
     slow = replace(CPU, draft={1: 0.6, 4: 0.9})
     policy = make_policy(budget, [FREE, MODEL], slow, offloaded=False)
-    everything = budget.arms(True, pruned=True, with_free=True, copy=False)
+    everything = budget.arms(True, pruned=True, with_free=True)
     assert policy.dropped and all(a.models and a.nodes for a in policy.dropped)
     assert set(policy.arms) | set(policy.dropped) == set(everything)
     assert not set(slow.viable(policy.dropped, 4, 8)) and set(policy.arms) <= set(everything)
@@ -126,7 +125,6 @@ def test_each_arm_runs_its_own_stages():
         plans[plan.arm] = plan
         policy.observe(chain(()), (), [7], greedy=True, started=time.perf_counter() - 1e-3)
     assert plans[Arm(32, models=False)] == Plan(Arm(32, models=False), (0, 1), 32, 32)
-    assert plans[Arm(COPY_NODES, False, False)].stages == (0,)     # the cheapest free stage alone
     assert plans[Arm(8)] == Plan(Arm(8), (0, 1, 2), 8, 4)
 
 
