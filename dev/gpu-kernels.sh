@@ -8,7 +8,7 @@ bash dev/gpu-build.sh > /tmp/build.log 2>&1 || { tail -n 30 /tmp/build.log; exit
 tail -n 4 /tmp/build.log
 source dev/gpu-env.sh
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
-python3 -m pytest -q -rs -p no:cacheprovider tests/engine/test_multicol.py \
+python3 -m pytest -q -rs -p no:cacheprovider tests/engine/test_multicol.py tests/engine/test_multicol_cuda.py \
   > "$OUT/kernel-tests.txt" 2>&1 || true
 tail -n 5 "$OUT/kernel-tests.txt"
 sizes=${SIZES:-1,2,3,4,5,6,7,8,9,10,12,16}
