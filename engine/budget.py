@@ -11,8 +11,8 @@ because on a slow CPU a single probe of a big tree costs many plain rounds. A pr
 without models plays it `PROBE_ROUNDS` rounds in a row and estimates decay slowly (2% a play):
 one free round yields either 1 token or several, so single probe rounds with a fast decay left
 the free arm's estimate at the mercy of one unlucky round, and the bandit kept to plain where the
-free arm was faster. When speculation loses to plain decoding on this machine, the plain arm (or,
-where pruning stands in for it, the free arm pruned to its root) wins and speculation stays off but
+free arm was faster. When speculation loses to plain decoding on this machine, the plain arm (with
+a calibration: the free arm, its rounds pruned to their root) wins and speculation stays off but
 for the probes.
 
 Greedy output does not depend on the arm. Sampled output stays exactly distributed, but which
