@@ -51,6 +51,9 @@ def add_head(sub: argparse._SubParsersAction) -> None:
     train.add_argument("--draft-vocab", type=int, default=32768,
                        help="tokens the head may draft: the target's most frequent choices")
     train.add_argument("--ctx", type=int, default=512, help="tokens the target reads at a time")
+    train.add_argument("--noise", type=float, default=0.0,
+                       help="uniform noise, as a fraction of the states' size, on the target's states the "
+                            "head reads while training (0..1; 0: none)")
     info = acts.add_parser("info", help="what a head was trained for and on")
     info.add_argument("path")
     p.set_defaults(run=cmd_head)
@@ -59,7 +62,24 @@ def add_head(sub: argparse._SubParsersAction) -> None:
 def cmd_head(args: argparse.Namespace) -> int:
     if args.action == "info":
         return _info(Path(args.path).expanduser())
+    _check_numbers(args)
     return _train(args)
+
+
+# head train's numeric flags: (flag, attribute, lowest, highest), checked before anything is read
+_RANGES = (("--max-tokens", "max_tokens", 0, None), ("--generated-tokens", "generated_tokens", 0, None),
+           ("--parallel", "parallel", 1, 128), ("--steps", "steps", 1, None), ("--batch", "batch", 1, 4096),
+           ("--length", "length", 2, 8192), ("--minutes", "minutes", 0.1, None), ("--ff", "ff", 64, 65536),
+           ("--draft-vocab", "draft_vocab", 2, None), ("--ctx", "ctx", 64, 32768), ("--noise", "noise", 0.0, 1.0))
+
+
+def _check_numbers(args: argparse.Namespace) -> None:
+    for flag, name, low, high in _RANGES:
+        value = getattr(args, name)
+        if value is None or (value >= low and (high is None or value <= high)) and value == value:
+            continue
+        allowed = f"{low}..{high}" if high is not None else f"at least {low}"
+        raise LocalspecError(f"Bad value for {flag}", f"{value}", f"Give {flag} {allowed}")
 
 
 def _info(path: Path) -> int:
@@ -168,7 +188,8 @@ def _train_corpus(args: argparse.Namespace, model: Path, out: Path, corpus, repo
 
     try:
         info = train(corpus, model, out, vocab_size=args.draft_vocab, steps=args.steps, batch=args.batch,
-                     length=args.length, ff=args.ff, seconds=None if args.minutes is None else 60 * args.minutes,
+                     length=args.length, ff=args.ff, noise=args.noise,
+                     seconds=None if args.minutes is None else 60 * args.minutes,
                      checkpoint=out.with_name(out.name + ".ckpt"), progress=report,
                      meta={"target": model.name, "text": text})
     except ValueError as err:   # too little text to train on and to check the head on

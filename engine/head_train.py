@@ -301,7 +301,8 @@ def _pass_masks(length: int, passes: int, device) -> list:
 
 def train(corpus: Corpus, target_gguf: Path, out: Path, *, vocab_size: int = 32768,
           steps: int = 3000, batch: int = 32, length: int = 256, passes: int = 3, lr: float = 1e-3,
-          feature_weight: float = 0.1, ff: int | None = None, device: str | None = None, seed: int = 0,
+          feature_weight: float = 0.1, ff: int | None = None, noise: float = 0.0,
+          device: str | None = None, seed: int = 0,
           progress: ProgressFn = _quiet, meta: dict | None = None,
           tables: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
           checkpoint: Path | None = None, checkpoint_every: int = 500, seconds: float | None = None) -> dict:
@@ -316,7 +317,9 @@ def train(corpus: Corpus, target_gguf: Path, out: Path, *, vocab_size: int = 327
     the model and optimiser are saved every `checkpoint_every` steps and resumed from (the same
     corpus and settings only); removed when the head is written. `seconds`: a time limit for the
     steps, which lowers `steps` to what the first ones' speed says fits (the learning rate's
-    schedule follows)."""
+    schedule follows). `noise`: uniform noise of this fraction of the states' RMS added to the
+    target's states the first level reads while training (EAGLE's regulariser: drafting reads
+    predicted states, never the exact ones)."""
     import torch
     import torch.nn.functional as F
 
@@ -392,6 +395,8 @@ def train(corpus: Corpus, target_gguf: Path, out: Path, *, vocab_size: int = 327
     offs = torch.arange(length + 1, device=dev)
     weights = [0.8 ** j for j in range(passes)]   # deeper levels matter less: fewer rounds reach them
 
+    rms = float(H[:min(n, 65536)].float().pow(2).mean().sqrt())
+
     def unrolled(s: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
         """Per pass, logits [B, L, V_sub]; the windows' labels [B, L] and chunk ids [B, L+1]."""
         at = (s[:, None] + offs).clamp(max=n - 1)                            # [B, L+1]
@@ -400,6 +405,8 @@ def train(corpus: Corpus, target_gguf: Path, out: Path, *, vocab_size: int = 327
         pos = offs[:length].expand(len(s), -1)
         e = E[X[at[:, 1:]]]                                                  # [B, L, d] token after
         f = H[at[:, :-1]].to(dtype)                                          # [B, L, d] true states
+        if noise > 0 and net.training:
+            f = f + (torch.rand_like(f, dtype=torch.float32) * 2 - 1).to(dtype) * (noise * rms)
         keys, vals, logits, states = [], [], [], []
         for j in range(passes):
             with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=mixed):
@@ -441,7 +448,8 @@ def train(corpus: Corpus, target_gguf: Path, out: Path, *, vocab_size: int = 327
 
     target_id = heads.target_id(target_gguf)
     settings = {"tokens": int(n), "steps": steps, "batch": batch, "length": length, "passes": passes,
-                "draft_vocab": k, "shape": shape.to_json(), "seed": seed, "target_id": target_id}
+                "draft_vocab": k, "shape": shape.to_json(), "seed": seed, "target_id": target_id,
+                "noise": noise}
     first = 0
     if checkpoint is not None and checkpoint.exists():
         saved = torch.load(checkpoint, map_location=dev, weights_only=False)
@@ -496,6 +504,7 @@ def train(corpus: Corpus, target_gguf: Path, out: Path, *, vocab_size: int = 327
     info = {"n_embd": d, "vocab_size": full_vocab, "draft_vocab": k, "tokens": int(n),
             "vocab_coverage": round(float(counts[vocab].sum() / max(1, counts.sum())), 4),
             "steps": plan["steps"], "passes": passes, "shape": shape.to_json(), "target_id": target_id,
+            "noise": noise,
             "held_out": held, "held_out_top1": acc, **(meta or {})}
     save_head(Path(out), net.arrays(), vocab, info)
     if checkpoint is not None:

@@ -168,3 +168,16 @@ def test_list_says_when_the_installed_head_cannot_be_used(data, tiny, capsys):
     path.write_bytes(b"broken")
     assert models_cmd.cmd_list(argparse.Namespace()) == 0
     assert "head   not usable:" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("flag,value", [("--steps", "0"), ("--noise", "1.5"), ("--noise", "nan"),
+                                        ("--parallel", "0"), ("--minutes", "-1"), ("--length", "1")])
+def test_head_train_refuses_a_bad_number_naming_the_flag_before_reading_anything(tiny, tmp_path, flag, value):
+    from localspec.app.cli import build_parser
+
+    args = build_parser().parse_args(["head", "train", "--model", str(tiny.target_gguf), "--text",
+                                      str(tmp_path), "--out", str(tmp_path / "h.npz"), flag, value])
+    with pytest.raises(LocalspecError) as err:
+        args.run(args)
+    assert err.value.title == f"Bad value for {flag}" and flag in err.value.fix
+    assert not (tmp_path / "h.npz").exists()

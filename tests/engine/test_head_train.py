@@ -131,3 +131,21 @@ def test_generated_continuations_are_the_targets_greedy_text_with_its_states(tin
             np.testing.assert_allclose(got.hidden[rows].astype(np.float32), np.stack(states), atol=2e-2, rtol=2e-2)
     finally:
         one.close()
+
+
+def test_noise_on_the_states_changes_training_not_the_held_out_check_and_is_recorded(tiny, corpus, tmp_path):
+    """`noise` perturbs the states the first level reads in training steps only: the same seed
+    trains another head, the held-out check (no noise) still runs, and the head's meta says so."""
+    settings = dict(steps=12, batch=4, length=32, vocab_size=64, device="cpu")
+    from localspec.models.head_file import read_head
+
+    plain = train(corpus, tiny.target_gguf, tmp_path / "plain.npz", **settings)
+    noisy = train(corpus, tiny.target_gguf, tmp_path / "noisy.npz", noise=0.2, **settings)
+    assert plain["noise"] == 0.0 and noisy["noise"] == 0.2
+    assert read_head(tmp_path / "noisy.npz")[0]["noise"] == 0.2
+    _, a = read_head(tmp_path / "plain.npz")
+    _, b = read_head(tmp_path / "noisy.npz")
+    assert any(not (a[k] == b[k]).all() for k in a if hasattr(a[k], "shape") and a[k].dtype.kind == "f")
+    train(corpus, tiny.target_gguf, tmp_path / "plain2.npz", **settings)
+    _, c = read_head(tmp_path / "plain2.npz")
+    assert all((a[k] == c[k]).all() for k in a if hasattr(a[k], "shape"))   # the seed alone decides
