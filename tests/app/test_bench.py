@@ -127,6 +127,15 @@ def test_bench_command_writes_table_json_and_learns_a_scratch_store(tiny, tmp_pa
     assert report["machine"]["threads"] == 1     # --threads reached the models
 
 
+@pytest.mark.parametrize("flag", ["--limit", "--learn-max-tokens"])
+def test_bench_refuses_a_count_below_one_naming_the_flag(tiny, tmp_path, flag):
+    proc = subprocess.run(
+        [sys.executable, "-m", "localspec.app.cli", "bench", "--model", str(tiny.target_gguf),
+         flag, "0", "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and f"Use {flag} an integer >= 1" in proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "out").exists()
+
+
 def test_bench_refuses_a_bad_thread_count_naming_the_flag(tiny, tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "localspec.app.cli", "bench", "--model", str(tiny.target_gguf),
