@@ -95,8 +95,9 @@ class LlamaModel:
         llama.cpp's batched matmuls sum in another order: differences up to ~0.4, which flip
         near-ties, docs/exact-numerics.md). It costs speed: no repacked weights (their batched
         kernel differs from the one-row kernel), flash attention on (its per-row loop is the
-        same for 1..63 rows), no tiled matmul, no multi-column kernels and no split-KV attention
-        (native.ExactNumerics, held while open). Checked at load."""
+        same for 1..63 rows), no tiled matmul and no split-KV attention; the multi-column kernels
+        from one row up, so every row sums alike at any batch size (native.ExactNumerics, held
+        while open). Checked at load."""
         self._model = self._ctx = None
         self._exact: ExactNumerics | None = None
         self._samplers: list = []   # backend greedy chains (greedy_on_device), freed after the context
