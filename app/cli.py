@@ -195,12 +195,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.head and not any("head" in bench.config(n).stages for n in names):
         raise LocalspecError("--head without a head configuration", f"--configs {configs}",
                              "Add head and/or adaptive-head to --configs, or leave --configs out")
-    for flag, value in (("--limit", args.limit), ("--learn-max-tokens", args.learn_max_tokens)):
-        if value is not None and value < 1:
-            raise LocalspecError("Bad option value", f"{flag} {value}", f"Use {flag} an integer >= 1")
+    from localspec.engine.options import Options, check_values, within
+
+    counts = {"limit": args.limit, "learn_max_tokens": args.learn_max_tokens}
+    check_values({k: v for k, v in counts.items() if v is not None},
+                 {"limit": within("--limit", 1), "learn_max_tokens": within("--learn-max-tokens", 1)})
     if "plain" not in names:
         names.insert(0, "plain")   # the baseline every speed-up and 'identical' refers to
-    from localspec.engine.options import Options
 
     from .run_options import given, options_from_flags
 

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from localspec.engine.errors import LocalspecError
+from localspec.engine.options import check_values, within
 
 from .head_sources import add_source_flags
 from .paths import resolve_models
@@ -62,24 +63,17 @@ def add_head(sub: argparse._SubParsersAction) -> None:
 def cmd_head(args: argparse.Namespace) -> int:
     if args.action == "info":
         return _info(Path(args.path).expanduser())
-    _check_numbers(args)
+    check_values({name: v for name in _RULES if (v := getattr(args, name)) is not None}, _RULES)
     return _train(args)
 
 
-# head train's numeric flags: (flag, attribute, lowest, highest), checked before anything is read
-_RANGES = (("--max-tokens", "max_tokens", 0, None), ("--generated-tokens", "generated_tokens", 0, None),
-           ("--parallel", "parallel", 1, 128), ("--steps", "steps", 1, None), ("--batch", "batch", 1, 4096),
-           ("--length", "length", 2, 8192), ("--minutes", "minutes", 0.1, None), ("--ff", "ff", 64, 65536),
-           ("--draft-vocab", "draft_vocab", 2, None), ("--ctx", "ctx", 64, 32768), ("--noise", "noise", 0.0, 1.0))
-
-
-def _check_numbers(args: argparse.Namespace) -> None:
-    for flag, name, low, high in _RANGES:
-        value = getattr(args, name)
-        if value is None or (value >= low and (high is None or value <= high)) and value == value:
-            continue
-        allowed = f"{low}..{high}" if high is not None else f"at least {low}"
-        raise LocalspecError(f"Bad value for {flag}", f"{value}", f"Give {flag} {allowed}")
+# head train's numeric flags (attribute: rule), checked before anything is read
+_RULES = {"max_tokens": within("--max-tokens", 0), "generated_tokens": within("--generated-tokens", 0),
+          "parallel": within("--parallel", 1, 128), "steps": within("--steps", 1),
+          "batch": within("--batch", 1, 4096), "length": within("--length", 2, 8192),
+          "minutes": within("--minutes", 0.1, integer=False), "ff": within("--ff", 64, 65536),
+          "draft_vocab": within("--draft-vocab", 2), "ctx": within("--ctx", 64, 32768),
+          "noise": within("--noise", 0.0, 1.0, integer=False)}
 
 
 def _info(path: Path) -> int:

@@ -55,6 +55,14 @@ class Rule:
     ok: Callable[[object], bool]
 
 
+def within(flag: str, low: float, high: float | None = None, integer: bool = True) -> Rule:
+    """The rule of a count (integer) or a finite number from `low` (to `high`)."""
+    kind = "an integer" if integer else "a number"
+    want = f"{kind} >= {low}" if high is None else f"{kind} from {low} to {high}"
+    return Rule(flag, want, lambda v: (_integer(v) if integer else _number(v))
+                and v >= low and (high is None or v <= high))
+
+
 RULES: dict[str, Rule] = {
     "temperature": Rule("--temperature", "a finite number >= 0 (0 = greedy)",
                         lambda v: _number(v) and v >= 0),
@@ -78,9 +86,10 @@ def problems(values: Mapping[str, object]) -> list[str]:
             for name, value in values.items() if name in RULES and not RULES[name].ok(value)]
 
 
-def check_values(values: Mapping[str, object]) -> None:
-    """LocalspecError naming each bad value by its flag, and the values that work."""
-    bad = [(RULES[n], v) for n, v in values.items() if n in RULES and not RULES[n].ok(v)]
+def check_values(values: Mapping[str, object], rules: Mapping[str, Rule] = RULES) -> None:
+    """LocalspecError naming each bad value by its flag, and the values that work (`rules`: a
+    command's own flags, which are not Options', e.g. head train's)."""
+    bad = [(rules[n], v) for n, v in values.items() if n in rules and not rules[n].ok(v)]
     if bad:
         raise LocalspecError("Bad option value" if len(bad) == 1 else "Bad option values",
                              ", ".join(f"{r.flag} {v!r}" for r, v in bad),

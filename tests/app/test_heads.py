@@ -179,5 +179,5 @@ def test_head_train_refuses_a_bad_number_naming_the_flag_before_reading_anything
                                       str(tmp_path), "--out", str(tmp_path / "h.npz"), flag, value])
     with pytest.raises(LocalspecError) as err:
         args.run(args)
-    assert err.value.title == f"Bad value for {flag}" and flag in err.value.fix
+    assert err.value.title == "Bad option value" and flag in err.value.cause and flag in err.value.fix
     assert not (tmp_path / "h.npz").exists()
