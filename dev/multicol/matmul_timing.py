@@ -22,7 +22,7 @@ import numpy as np
 from localspec.engine import native
 
 sys.path.insert(0, "tests")   # run from the repository root
-from ggml_cpu import InitParams, ggml, repack_buffer_type  # noqa: E402
+from ggml_cpu import InitParams, ggml, quantize, repack_buffer_type  # noqa: E402
 
 TYPES = {"Q4_0": 2, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
 F32 = 0
@@ -51,8 +51,7 @@ def main() -> None:
             continue
         kind = TYPES[tname]
         src = rng.normal(size=(rows, k)).astype(np.float32)
-        quantized = np.zeros(2 * rows * k, dtype=np.uint8)
-        base.ggml_quantize_chunk(kind, src.ctypes.data, quantized.ctypes.data, 0, rows, k, None)
+        quantized = quantize(kind, src)
         wctx = base.ggml_init(InitParams(1 << 20, None, True))
         w = base.ggml_new_tensor_2d(wctx, kind, k, rows)
         if repack:   # the weights alone in a context of their own, allocated in that buffer type

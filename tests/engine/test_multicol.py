@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from ggml_cpu import InitParams, ggml, repack_buffer_type
+from ggml_cpu import InitParams, ggml, quantize, repack_buffer_type
 from localspec.engine import native
 
 Q4_0, Q8_0, Q4_K, Q5_K, Q6_K = 2, 8, 12, 13, 14   # enum ggml_type
@@ -72,9 +72,7 @@ def _mul_mat(kind: int, weights: np.ndarray, acts: np.ndarray, multicol: str,
     GGML_CPU_MULTICOL_MAX=multicol and GGML_CPU_MULTICOL_MIN=min_cols: n x rows f32."""
     base, cpu = ggml()
     rows, k = weights.shape
-    quantized = np.zeros(2 * rows * k, dtype=np.uint8)     # more than any row up to 8 bits needs
-    src = np.ascontiguousarray(weights, dtype=np.float32)
-    base.ggml_quantize_chunk(kind, src.ctypes.data, quantized.ctypes.data, 0, rows, k, None)
+    quantized = quantize(kind, weights)
     ctx = base.ggml_init(InitParams(64 << 20, None, False))
     wctx = buffer = None
     try:
