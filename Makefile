@@ -22,8 +22,8 @@ install: $(VENV)/.installed
 bench-models:
 	tools/fetch-bench-models $(MODELS)
 
-# the target alone: with the 0.5B draft beside it the adaptive engine ran ~10% slower on 2 CPU
-# cores (docs/decisions/0027); --draft adds it
+# the target alone: the 0.5B draft beside it made the adaptive engine slower on every workload
+# measured (docs/decisions/0027); --draft adds it
 chat: install bench-models
 	$(BIN)/localspec chat --model $(MODELS)/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf
 

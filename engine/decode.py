@@ -130,8 +130,7 @@ class Engine:
         a model stage with no room left ends the round's drafting. The round's arm is charged
         without the catching up: a stage owes it for the tokens, whichever arm runs it next, and
         a stage played every round owes nothing, so an arm probed rarely would otherwise be
-        charged for its absence (a draft head's arms came to ~11 ms a round on an H100 where
-        their work was ~5 ms, 0024)."""
+        charged for its absence (a draft head's arms were priced at twice their work, 0024)."""
         tree = self._tree
         tree.reset(root)
         owed = 0.0

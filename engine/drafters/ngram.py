@@ -149,9 +149,9 @@ class PersonalNgram:
         return True
 
     def accept(self, tokens: Sequence[int]) -> None:
-        # Learnt when the drafter next proposes: it sits out every round whose arm does not run
-        # it (plain rounds), and learning each of those rounds' tokens would
-        # cost a noticeable share of a fast step (docs/decisions/0015).
+        # Learnt when the drafter next proposes: it sits out every round whose arm does not run it
+        # (plain rounds), and learning each of those rounds' tokens would cost a noticeable share
+        # of a fast step (docs/decisions/0015).
         self._pending.extend(tokens)
 
     def catch_up(self) -> None:
