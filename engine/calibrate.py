@@ -29,12 +29,12 @@ import math
 import os
 import platform
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from .native import TILED_MIN, has_tiled_min_switch, library_stamps, switches  # first: see native.py
+from .native import (MULTICOL_MIN, TILED_MIN, has_multicol_kernels,  # first: see native.py
+                     has_tiled_min_switch, library_stamps, switches)
 
 import llama_cpp as lc
 import numpy as np
@@ -57,13 +57,20 @@ _METHOD = "v1"
 _BURST = 4            # decodes in a row per size on a GPU: llama.cpp replays a CUDA graph from the third
 _SWITCH_PAIRS = 8     # round trips timed to price a change of batch shape
 TILED_FROM = 8        # ggml's own floor for its tiled K-quant matmul (packaging/patches lets us move it)
+# one-row decodes go on packaging/patches' multi-column kernels only when they take less than this
+# fraction of a one-row decode on ggml's kernels: a smaller gain is within what two identical
+# settings differ by at one row, and a machine where the kernels gain nothing there keeps ggml's
+# (docs/decisions/0022)
+MULTICOL_GAIN = 0.95
+_NAMES = ("target", "draft")
+_KERNELS = {1: "multi-column kernels", 2: "ggml's kernels"}   # by GGML_CPU_MULTICOL_MIN
 
 
 @dataclass(frozen=True)
 class Step:
     """One measurement of a calibration, announced as it starts: `what` is timed ("target 4
-    rows", "draft 2 rows", "tiled matmul floor at 9 rows", "batch-shape change"), step `step`
-    (1-based) of the `total` this calibration takes."""
+    rows", "draft 2 rows", "tiled matmul floor at 9 rows", "target 1 row on multi-column
+    kernels", "batch-shape change"), step `step` (1-based) of the `total` this calibration takes."""
 
     what: str
     step: int
@@ -99,12 +106,16 @@ class Costs:
     # the fewest batch rows on ggml's tiled matmul that the curve was measured with and decodes
     # must run with (`tiled_floor`; a CPU with packaging/patches), None: ggml's own choice
     tiled_min: int | None = None
+    # the fewest batch rows on packaging/patches' multi-column kernels, likewise (`one_row_kernels`:
+    # 1 puts one-row decodes on them, 2 keeps those on ggml's), None: the patch's own choice
+    multicol_min: int | None = None
 
     @property
     def switches(self) -> dict[str, str]:
         """The numerics switches (native.py) these costs hold under: what a session enters around
         its decodes (native.switched), never left set in the process."""
-        return {TILED_MIN: str(self.tiled_min)} if self.tiled_min is not None else {}
+        chosen = {TILED_MIN: self.tiled_min, MULTICOL_MIN: self.multicol_min}
+        return {key: str(value) for key, value in chosen.items() if value is not None}
 
     @staticmethod
     def _at(curve: dict[int, float], n: int) -> float:
@@ -225,6 +236,28 @@ def tiled_floor(target: LlamaModel, tiled: dict[int, float],
         rows = measure([target], [big], announce=announce)[0]
     floor = next((s for s in big if all(tiled[n] <= rows[n] for n in big if n >= s)), big[-1] + 1)
     return floor, {n: (tiled[n] if n >= floor else rows.get(n, tiled[n])) for n in tiled}
+
+
+def one_row_kernels(models: Sequence[LlamaModel],
+                    step: Callable[[str], None] | None = None) -> tuple[int, dict[int, list[float]]]:
+    """Whether one-row decodes go on packaging/patches' multi-column kernels, as the fewest batch
+    rows that take them (GGML_CPU_MULTICOL_MIN): 1 when the target's one-row decode on them (MIN 1)
+    takes less than MULTICOL_GAIN of its time on ggml's kernels (MIN 2, as the patch ships), else
+    2; with each model's seconds per one-row decode on either side (keys: MIN; inf where a model
+    cannot measure one row). The sides take turns, their order reversed every repetition so that
+    drift slows them alike, and each side's fastest repetition counts, as in `measure`. The target
+    decides; a draft decodes under its choice too (the switch is process-wide), so its one row is
+    timed both ways beside it. step(what) runs before each measured decode (2 * _REPS *
+    len(models) calls). Leaves every model's cache empty."""
+    seconds = {side: [math.inf] * len(models) for side in _KERNELS}
+    for rep in range(_REPS):
+        for side in (2, 1) if rep % 2 == 0 else (1, 2):
+            announce = None if step is None else (
+                lambda i, _, side=side: step(f"{_NAMES[i]} 1 row on {_KERNELS[side]}"))
+            with switches({MULTICOL_MIN: str(side)}):
+                got = measure(models, [(1,)] * len(models), reps=1, announce=announce)
+            seconds[side] = [min(s, curve.get(1, math.inf)) for s, curve in zip(seconds[side], got)]
+    return (1 if seconds[1][0] < MULTICOL_GAIN * seconds[2][0] else 2), seconds
 
 
 def _tiled_sizes(curve: dict[int, float]) -> list[int]:
@@ -364,15 +397,16 @@ def calibrate(target: LlamaModel, draft: LlamaModel | None, max_nodes: int,
     """Cost curves of the target (batches up to max_nodes + 2: a full tree and its padding) and
     of a GGUF draft; with the target on a GPU, also what a change of batch shape costs
     (`measure_switch`); on a CPU with packaging/patches, ggml's tiled-matmul floor
-    (`tiled_floor`, in `Costs.switches`). The cache file is read once; what is measured is added
-    to it, each batch announced to `progress` first (nothing when everything is cached). The
-    process's environment is left as it was."""
+    (`tiled_floor`) and whether one-row decodes take the multi-column kernels (`one_row_kernels`,
+    the curves' one-row costs then the chosen side's), both in `Costs.switches`. The cache file is
+    read once; what is measured is added to it, each batch announced to `progress` first (nothing
+    when everything is cached). The process's environment is left as it was."""
     top = max(2, max_nodes + 2)
     sizes = sorted({n for n in SIZES if n <= top} | {top})
     models, wanted = ([target], [sizes]) if draft is None else ([target, draft], [sizes, DRAFT_SIZES])
-    names = ("target", "draft")
     path = cache_path(models, cache_dir or default_cache_dir())
-    steer = target.n_gpu_layers == 0 and not exact_in_process() and has_tiled_min_switch()
+    cpu = target.n_gpu_layers == 0 and not exact_in_process()   # exact numerics pin both switches
+    steer, one_row = cpu and has_tiled_min_switch(), cpu and has_multicol_kernels()
     data = {} if refresh else read_json(path)
     curves = _from_cache(models, wanted, data)
     if curves is None:
@@ -380,27 +414,40 @@ def calibrate(target: LlamaModel, draft: LlamaModel | None, max_nodes: int,
     # what the cache lacks, decided before the first step so that each step knows the total
     target_sizes = curves[0] if curves is not None else dict.fromkeys(measurable(target, sizes))
     measure_floor = steer and not isinstance(data.get("tiled_min"), int)
+    measure_kernels = one_row and not isinstance(data.get("multicol_min"), int)
     measure_shape = (target.n_gpu_layers != 0 and top in target_sizes
                      and not isinstance(data.get("switch"), (int, float)))
     step = _Steps(progress, (0 if curves is not None else
                              _REPS * sum(len(measurable(m, w)) for m, w in zip(models, wanted)))
                   + (_REPS * len(_tiled_sizes(target_sizes)) if measure_floor else 0)
+                  + (2 * _REPS * len(models) if measure_kernels else 0)
                   + (_SWITCH_PAIRS if measure_shape else 0))
-    floor = None
-    # a fresh curve is measured as ggml ships; the floor it leads to is returned, not left set
-    with switches({TILED_MIN: str(TILED_FROM)}) if steer else nullcontext():
+    floor = kernels = None
+    # a fresh curve is measured as ggml and the patches ship; what they lead to is returned, not left set
+    shipped = ({TILED_MIN: str(TILED_FROM)} if steer else {}) | ({MULTICOL_MIN: "2"} if one_row else {})
+    with switches(shipped):
         if curves is None:
             curves, data = _measured(models, wanted, path,
-                                     lambda i, n: step(f"{names[i]} {_rows(n)}"))
+                                     lambda i, n: step(f"{_NAMES[i]} {_rows(n)}"))
         if steer:
             floor = data.get("tiled_min")
             if measure_floor:
                 floor, curves[0] = tiled_floor(target, curves[0], step)
                 data = {**data, "tiled_min": floor, "seconds": _as_json(curves)}
                 write_json(path, data)
+        if one_row:
+            kernels = data.get("multicol_min")
+            if measure_kernels:
+                kernels, one = one_row_kernels(models, step)
+                for curve, seconds in zip(curves, one[kernels]):
+                    if 1 in curve:
+                        curve[1] = seconds
+                data = {**data, "multicol_min": kernels, "one_row": {str(k): v for k, v in one.items()},
+                        "seconds": _as_json(curves)}
+                write_json(path, data)
     switch = data.get("switch") if target.n_gpu_layers != 0 and top in target_sizes else 0.0
     if measure_shape:
         switch = measure_switch(target, top, curves[0], step=step)
         data = {**data, "switch": switch}
         write_json(path, data)
-    return Costs(curves[0], curves[1] if draft is not None else {}, path, float(switch), floor)
+    return Costs(curves[0], curves[1] if draft is not None else {}, path, float(switch), floor, kernels)

@@ -22,7 +22,8 @@ llama.cpp is a shared library with process-wide state; five concerns touch it an
 * Numerics switches: packaging/patches' environment variables, read by ggml on every call,
   process-wide. `switches` sets them for a `with` block and puts back what was there; `switched`
   runs each step of a generation inside that block, so a session's numerics (calibration's
-  tiled-matmul floor) hold around its decodes and are never left set for the rest of the process.
+  tiled-matmul floor and one-row kernels) hold around its decodes and are never left set for the
+  rest of the process.
 """
 from __future__ import annotations
 

@@ -59,10 +59,11 @@ def test_a_target_with_hidden_states_has_a_calibration_of_its_own(tiny, tmp_path
 
 
 def test_a_load_reads_the_cache_file_once(tiny, tmp_path, monkeypatch):
-    """The curve, the tiled floor (on a CPU with packaging/patches) and what is measured come from
-    one read of the cache file, whether the load measures or finds everything cached."""
+    """The curve, the tiled floor and the one-row kernels (on a CPU with packaging/patches) and
+    what is measured come from one read of the cache file, whether the load measures or finds
+    everything cached."""
     from localspec.engine.llama_model import exact_in_process
-    from localspec.engine.native import has_tiled_min_switch
+    from localspec.engine.native import has_multicol_kernels, has_tiled_min_switch
 
     monkeypatch.setenv(cal.TILED_MIN, str(cal.TILED_FROM))   # restored after the test
     reads = []
@@ -75,6 +76,7 @@ def test_a_load_reads_the_cache_file_once(tiny, tmp_path, monkeypatch):
         data = json.loads(first.file.read_text())
         assert {int(n): s for n, s in data["seconds"][0].items()} == first.target
         assert ("tiled_min" in data) is (has_tiled_min_switch() and not exact_in_process())
+        assert ("multicol_min" in data) is (has_multicol_kernels() and not exact_in_process())
 
         monkeypatch.setattr(cal, "measure", refuse_to_measure)
         second = cal.calibrate(model, None, 8, cache_dir=tmp_path)
@@ -131,9 +133,9 @@ def test_adaptive_session_calibrates_and_keeps_output(tiny, monkeypatch, tmp_pat
 
 
 def test_a_session_decodes_under_its_calibrations_floor_and_leaves_it_unset(tiny, monkeypatch, tmp_path):
-    """Calibration's tiled-matmul floor is a context the session enters around each step of a
-    generation: every decode of the target and the draft runs with it, and between the steps and
-    after them the process's environment is as it was."""
+    """Calibration's tiled-matmul floor and one-row kernels are a context the session enters around
+    each step of a generation: every decode of the target and the draft runs with them, and
+    between the steps and after them the process's environment is as it was."""
     import os
 
     from localspec.engine.llama_model import exact_in_process
@@ -143,22 +145,24 @@ def test_a_session_decodes_under_its_calibrations_floor_and_leaves_it_unset(tiny
         pytest.skip("no tiled-matmul floor here: an exact model is open, or no packaging/patches")
     monkeypatch.setenv("LOCALSPEC_DATA_DIR", str(tmp_path))
     monkeypatch.delenv(cal.TILED_MIN, raising=False)
+    monkeypatch.delenv(cal.MULTICOL_MIN, raising=False)
     session = Session(Options(tiny.target_gguf, draft=tiny.draft_gguf, n_ctx=512, n_threads=1,
                               budget=TreeBudget(max_nodes=8, adaptive=True)))
     try:
-        floor = session.costs.tiled_min
-        assert floor is not None and cal.TILED_MIN not in os.environ
-        seen: list[str | None] = []
+        floor, kernels = session.costs.tiled_min, session.costs.multicol_min
+        assert floor is not None and cal.TILED_MIN not in os.environ and cal.MULTICOL_MIN not in os.environ
+        keys = (cal.TILED_MIN, cal.MULTICOL_MIN)
+        seen: list[tuple[str | None, ...]] = []
         draft = next(d for d in session.stages if d.uses_model)
         for model in (session.model, draft.model):       # a spy on each model's decodes
             decode = model.decode
             monkeypatch.setattr(model, "decode", lambda *a, _decode=decode, **k:
-                                seen.append(os.environ.get(cal.TILED_MIN)) or _decode(*a, **k))
-        between = [os.environ.get(cal.TILED_MIN)
+                                seen.append(tuple(map(os.environ.get, keys))) or _decode(*a, **k))
+        between = [tuple(map(os.environ.get, keys))
                    for _ in session.generate(session.raw_prompt("def add(a, b):\n"), max_tokens=24)]
-        assert seen and set(seen) == {str(floor)}
-        assert between and set(between) == {None}
-        assert cal.TILED_MIN not in os.environ
+        assert seen and set(seen) == {(str(floor), None if kernels is None else str(kernels))}
+        assert between and set(between) == {(None, None)}
+        assert cal.TILED_MIN not in os.environ and cal.MULTICOL_MIN not in os.environ
     finally:
         session.close()
 
@@ -166,9 +170,10 @@ def test_a_session_decodes_under_its_calibrations_floor_and_leaves_it_unset(tiny
 def test_a_first_calibration_announces_every_step_in_order(tiny, monkeypatch, tmp_path):
     """The builder hands `progress` each batch calibration is about to time, numbered 1..n with n
     known from the first step: the target's sizes, the draft's, on a CPU with packaging/patches
-    the tiled-matmul floor. A second load finds it all cached and announces nothing."""
+    the tiled-matmul floor and one row on either kernels, the sides' order reversed each
+    repetition. A second load finds it all cached and announces nothing."""
     from localspec.engine.llama_model import exact_in_process
-    from localspec.engine.native import has_tiled_min_switch
+    from localspec.engine.native import has_multicol_kernels, has_tiled_min_switch
 
     monkeypatch.setenv("LOCALSPEC_DATA_DIR", str(tmp_path))
     monkeypatch.setenv(cal.TILED_MIN, str(cal.TILED_FROM))   # restored after the test
@@ -186,6 +191,9 @@ def test_a_first_calibration_announces_every_step_in_order(tiny, monkeypatch, tm
     expect = expect * cal._REPS                                        # the models take turns
     if has_tiled_min_switch() and not exact_in_process():
         expect += [f"tiled matmul floor at {cal._rows(n)}" for n in sizes if n >= cal.TILED_FROM] * cal._REPS
+    if has_multicol_kernels() and not exact_in_process():
+        ggml, multi = ([f"{m} 1 row on {cal._KERNELS[side]}" for m in ("target", "draft")] for side in (2, 1))
+        expect += (ggml + multi + multi + ggml) * (cal._REPS // 2) + (ggml + multi) * (cal._REPS % 2)
     assert [s.what for s in steps] == expect
     again: list[cal.Step] = []
     Session(cfg, progress=again.append).close()
@@ -251,6 +259,81 @@ def test_tiled_floor_is_where_the_tiled_path_stops_losing(monkeypatch):
     assert floor == 33 and curve[32] == 410.0
 
 
+def test_one_row_kernels_take_one_row_only_beyond_the_margin(monkeypatch):
+    """Math of the choice, with one-row decodes scripted by the switch they run under: the sides
+    take turns, their order reversed each repetition; each side's fastest repetition counts; one
+    row goes on the multi-column kernels only when the target's decode there takes less than
+    MULTICOL_GAIN of its time on ggml's; the environment is as it was afterwards."""
+    import os
+
+    def scripted(target_ms):     # {MIN: the target's ms per repetition}; the draft: 30 ms either way
+        order = []
+
+        def measure(models, sizes, reps=cal._REPS, announce=None):
+            assert sizes == [(1,)] * len(models) and reps == 1
+            side = int(os.environ[cal.MULTICOL_MIN])
+            for i in range(len(models) if announce is not None else 0):
+                announce(i, 1)
+            order.append(side)
+            return [{1: target_ms[side][order.count(side) - 1] / 1e3}, {1: 30e-3}][:len(models)]
+        return measure, order
+
+    monkeypatch.setenv(cal.MULTICOL_MIN, "7")
+    measure, order = scripted({2: [64, 70, 64, 66, 65], 1: [58, 57, 90, 58, 59]})
+    monkeypatch.setattr(cal, "measure", measure)
+    steps: list[str] = []
+    kernels, seconds = cal.one_row_kernels([object(), object()], steps.append)
+    assert order == [2, 1, 1, 2] * 2 + [2, 1]
+    assert steps[:4] == ["target 1 row on ggml's kernels", "draft 1 row on ggml's kernels",
+                         "target 1 row on multi-column kernels", "draft 1 row on multi-column kernels"]
+    assert len(steps) == 2 * cal._REPS * 2
+    assert kernels == 1 and seconds == {2: [64e-3, 30e-3], 1: [57e-3, 30e-3]}
+    assert cal.os.environ[cal.MULTICOL_MIN] == "7"                       # restored
+    measure, _ = scripted({2: [64, 70, 64, 66, 65], 1: [62, 63, 62, 90, 62]})   # 3% faster: noise
+    monkeypatch.setattr(cal, "measure", measure)
+    assert cal.one_row_kernels([object()]) == (2, {2: [64e-3], 1: [62e-3]})
+
+
+def test_calibration_chooses_the_one_row_kernels_and_caches_the_choice(tiny, tmp_path, monkeypatch):
+    """On a CPU with the multi-column kernels, calibration times one-row decodes on them and on
+    ggml's, keeps the choice (GGML_CPU_MULTICOL_MIN 1 or 2) and both sides' figures in the cache,
+    prices each curve's one row as the chosen side's and returns the choice in Costs.switches. A
+    cache without the choice measures only it; a cache with it measures nothing."""
+    import os
+
+    from localspec.engine.llama_model import exact_in_process
+    from localspec.engine.native import has_multicol_kernels
+
+    if exact_in_process() or not has_multicol_kernels():
+        pytest.skip("no one-row choice here: an exact model is open, or no multi-column kernels")
+    monkeypatch.delenv(cal.MULTICOL_MIN, raising=False)
+    target = LlamaModel(tiny.target_gguf, n_ctx=256, n_seq_max=4, n_threads=1)
+    draft = LlamaModel(tiny.draft_gguf, n_ctx=256, n_seq_max=4, n_threads=1)
+    try:
+        costs = cal.calibrate(target, draft, 8, cache_dir=tmp_path)
+        data = json.loads(costs.file.read_text())
+        kernels, one_row = data["multicol_min"], data["one_row"]
+        assert kernels in (1, 2) and costs.multicol_min == kernels
+        assert costs.switches[cal.MULTICOL_MIN] == str(kernels)
+        assert (kernels == 1) is (one_row["1"][0] < cal.MULTICOL_GAIN * one_row["2"][0])
+        assert [costs.target[1], costs.draft[1]] == one_row[str(kernels)]
+        assert [{int(n): s for n, s in c.items()} for c in data["seconds"]] == [costs.target, costs.draft]
+        assert cal.MULTICOL_MIN not in os.environ
+
+        del data["multicol_min"]                  # a cache from before the choice: only it is measured
+        costs.file.write_text(json.dumps(data))
+        steps: list[cal.Step] = []
+        again = cal.calibrate(target, draft, 8, cache_dir=tmp_path, progress=steps.append)
+        assert len(steps) == 2 * cal._REPS * 2 and all(" 1 row on " in s.what for s in steps)
+        assert again.multicol_min in (1, 2)
+
+        monkeypatch.setattr(cal, "measure", refuse_to_measure)
+        assert cal.calibrate(target, draft, 8, cache_dir=tmp_path) == again
+    finally:
+        target.close()
+        draft.close()
+
+
 @pytest.mark.real_pair
 def test_calibration_measures_the_tiled_floor_and_leaves_the_environment(real_pair, tmp_path, monkeypatch):
     """On a CPU with packaging/patches, calibration measures ggml's tiled matmul against its
@@ -269,7 +352,7 @@ def test_calibration_measures_the_tiled_floor_and_leaves_the_environment(real_pa
         data = json.loads(next(tmp_path.glob("*.json")).read_text())
         floor = data["tiled_min"]
         assert floor in {8, 12, 16} or floor == 17
-        assert costs.tiled_min == floor and costs.switches == {cal.TILED_MIN: str(floor)}
+        assert costs.tiled_min == floor and costs.switches[cal.TILED_MIN] == str(floor)
         assert cal.TILED_MIN not in cal.os.environ
         assert {int(n): s for n, s in data["seconds"][0].items()} == costs.target
         monkeypatch.setattr(cal, "measure", refuse_to_measure)
@@ -283,9 +366,9 @@ def test_calibration_measures_the_tiled_floor_and_leaves_the_environment(real_pa
 
 @pytest.mark.slow
 def test_a_test_that_calibrates_leaves_the_ggml_switches_to_no_later_test(tmp_path):
-    """ggml's switches are process-wide (GGML_CPU_TILED_MM_MIN, read by ggml on every call, and
-    inherited by child processes): after a test that calibrates and generates, in pytest's own
-    process, they are as they were before it."""
+    """ggml's switches are process-wide (GGML_CPU_TILED_MM_MIN and GGML_CPU_MULTICOL_MIN, read by
+    ggml on every call, and inherited by child processes): after a test that calibrates and
+    generates, in pytest's own process, they are as they were before it."""
     import os
     import subprocess
     import sys
@@ -293,11 +376,12 @@ def test_a_test_that_calibrates_leaves_the_ggml_switches_to_no_later_test(tmp_pa
 
     (tmp_path / "switch_probe.py").write_text(
         "import json, os\n"
-        "KEYS = ('GGML_CPU_TILED_MM_MIN', 'GGML_CPU_FA_SPLIT_KV')\n"
+        "KEYS = ('GGML_CPU_TILED_MM_MIN', 'GGML_CPU_FA_SPLIT_KV', 'GGML_CPU_MULTICOL_MIN')\n"
         "def pytest_runtest_logfinish(nodeid, location):\n"
         "    with open(os.environ['SWITCH_PROBE_OUT'], 'a') as fh:\n"
         "        fh.write(json.dumps([nodeid, [os.environ.get(k) for k in KEYS]]) + '\\n')\n")
-    env = {k: v for k, v in os.environ.items() if k not in ("GGML_CPU_TILED_MM_MIN", "GGML_CPU_FA_SPLIT_KV")}
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("GGML_CPU_TILED_MM_MIN", "GGML_CPU_FA_SPLIT_KV", "GGML_CPU_MULTICOL_MIN")}
     env.update(SWITCH_PROBE_OUT=str(tmp_path / "switches.jsonl"),
                PYTHONPATH=os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")]))
     here = Path(__file__).name
@@ -307,4 +391,4 @@ def test_a_test_that_calibrates_leaves_the_ggml_switches_to_no_later_test(tmp_pa
                          cwd=Path(__file__).parent, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout + run.stderr
     seen = [json.loads(line) for line in (tmp_path / "switches.jsonl").read_text().splitlines()]
-    assert len(seen) == 2 and all(switches == [None, None] for _, switches in seen), seen
+    assert len(seen) == 2 and all(switches == [None, None, None] for _, switches in seen), seen
