@@ -268,6 +268,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         print(f"changing the batch shape and back (CUDA graphs rebuilt): {1e3 * costs.switch:.2f} ms")
     if costs.tiled_min is not None:
         print(f"ggml's tiled matmul from {costs.tiled_min} batch rows (measured: fewer rows go row by row)")
+    if costs.multicol_min is not None:
+        print("one-row decodes on " + ("the multi-column kernels (measured faster here)"
+                                       if costs.multicol_min == 1 else
+                                       "ggml's kernels (the multi-column ones not clearly faster here)"))
     arms = TreeBudget(max_nodes=options.budget.max_nodes, adaptive=True).arms(
         with_models=draft is not None, pruned=True)
     # what generate and chat draft with: the engine judges by the same
