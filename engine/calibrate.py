@@ -247,8 +247,8 @@ def one_row_kernels(models: Sequence[LlamaModel],
     cannot measure one row). The sides take turns, their order reversed every repetition so that
     drift slows them alike, and each side's fastest repetition counts, as in `measure`. The target
     decides; a draft decodes under its choice too (the switch is process-wide), so its one row is
-    timed both ways beside it. step(what) runs before each measured decode (2 * _REPS *
-    len(models) calls). Leaves every model's cache empty."""
+    timed both ways beside it. step(what) runs before each measured decode (2 * _REPS calls a
+    model that can measure one row). Leaves every model's cache empty."""
     seconds = {side: [math.inf] * len(models) for side in _KERNELS}
     for rep in range(_REPS):
         for side in (2, 1) if rep % 2 == 0 else (1, 2):
@@ -420,7 +420,7 @@ def calibrate(target: LlamaModel, draft: LlamaModel | None, max_nodes: int,
     step = _Steps(progress, (0 if curves is not None else
                              _REPS * sum(len(measurable(m, w)) for m, w in zip(models, wanted)))
                   + (_REPS * len(_tiled_sizes(target_sizes)) if measure_floor else 0)
-                  + (2 * _REPS * len(models) if measure_kernels else 0)
+                  + (2 * _REPS * sum(len(measurable(m, (1,))) for m in models) if measure_kernels else 0)
                   + (_SWITCH_PAIRS if measure_shape else 0))
     floor = kernels = None
     # a fresh curve is measured as ggml and the patches ship; what they lead to is returned, not left set
