@@ -40,7 +40,10 @@ def base() -> ctypes.CDLL:
     lib.ggml_quantize_chunk.restype = size
     lib.ggml_quantize_chunk.argtypes = [ctypes.c_int, p, p, ctypes.c_int64, ctypes.c_int64,
                                         ctypes.c_int64, p]
+    lib.ggml_new_tensor_1d.restype = p
+    lib.ggml_new_tensor_1d.argtypes = [p, ctypes.c_int, ctypes.c_int64]
     lib.ggml_mul_mat.restype, lib.ggml_mul_mat.argtypes = p, [p, p, p]
+    lib.ggml_add.restype, lib.ggml_add.argtypes = p, [p, p, p]
     lib.ggml_new_graph.restype, lib.ggml_new_graph.argtypes = p, [p]
     lib.ggml_build_forward_expand.argtypes = [p, p]
     lib.ggml_nbytes.restype, lib.ggml_nbytes.argtypes = size, [p]

@@ -1,8 +1,9 @@
 """ggml's CUDA backend through ctypes (tests/ggml_cpu.py's binding of libggml-base), for
 tests/engine/test_multicol_cuda.py: one mul_mat of quantized weights by f32 columns on the GPU.
 The kernels' switches (GGML_CUDA_MULTICOL_MIN/MAX) are read once per process, so the test runs
-each setting in a process of its own: `python tests/ggml_cuda.py IN.npz OUT.npz` reads weights and
-columns and writes every width's product and the kernels' call count."""
+each setting in a process of its own: `python tests/ggml_cuda.py IN.npz OUT.npz` reads weights,
+columns and an optional bias row, and writes every width's product (plus the bias, added by a
+ggml_add that ggml may fuse into the matmul) and the kernels' call counts."""
 from __future__ import annotations
 
 import ctypes
@@ -36,20 +37,21 @@ def cuda() -> ctypes.CDLL:
     return lib
 
 
-def kernel_calls() -> int:
-    """How many matmuls packaging/patches' CUDA multi-column kernels took in this process (-1:
-    a build without them)."""
+def kernel_calls(counter: str = "localspec_cuda_multicol_calls") -> int:
+    """How many matmuls packaging/patches' CUDA multi-column kernels took in this process
+    (`localspec_cuda_multicol_bias_calls`: of them, with a bias added in their store); -1: a
+    build without them."""
     lib = cuda()
-    if not hasattr(lib, "localspec_cuda_multicol_calls"):
+    if not hasattr(lib, counter):
         return -1
-    lib.localspec_cuda_multicol_calls.restype = ctypes.c_int
-    return lib.localspec_cuda_multicol_calls()
+    getattr(lib, counter).restype = ctypes.c_int
+    return getattr(lib, counter)()
 
 
 def mul_mat(backend: int, kind: int, quantized: np.ndarray, rows: int, k: int,
-            acts: np.ndarray) -> np.ndarray:
+            acts: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
     """`quantized` (rows x k weights of ggml type `kind`) times the columns of `acts` (n x k f32)
-    on the GPU: n x rows f32."""
+    on the GPU, plus `bias` (rows f32) when given: n x rows f32."""
     lib = base()
     ctx = lib.ggml_init(InitParams(1 << 20, None, True))
     buffer = None
@@ -57,12 +59,18 @@ def mul_mat(backend: int, kind: int, quantized: np.ndarray, rows: int, k: int,
         w = lib.ggml_new_tensor_2d(ctx, kind, k, rows)
         x = lib.ggml_new_tensor_2d(ctx, F32, k, len(acts))
         y = lib.ggml_mul_mat(ctx, w, x)
+        b = None if bias is None else lib.ggml_new_tensor_1d(ctx, F32, rows)
+        if b is not None:
+            y = lib.ggml_add(ctx, y, b)
         graph = lib.ggml_new_graph(ctx)
         lib.ggml_build_forward_expand(graph, y)
         buffer = lib.ggml_backend_alloc_ctx_tensors(ctx, backend)
         columns = np.ascontiguousarray(acts, np.float32)
         lib.ggml_backend_tensor_set(w, quantized.ctypes.data, 0, lib.ggml_nbytes(w))
         lib.ggml_backend_tensor_set(x, columns.ctypes.data, 0, columns.nbytes)
+        if b is not None:
+            row = np.ascontiguousarray(bias, np.float32)
+            lib.ggml_backend_tensor_set(b, row.ctypes.data, 0, row.nbytes)
         assert lib.ggml_backend_graph_compute(backend, graph) == 0
         out = np.empty((len(acts), rows), np.float32)
         lib.ggml_backend_tensor_get(y, out.ctypes.data, 0, out.nbytes)
@@ -76,15 +84,17 @@ def mul_mat(backend: int, kind: int, quantized: np.ndarray, rows: int, k: int,
 def main(src: str, dst: str) -> None:
     data = np.load(src)
     kind, weights, acts = int(data["kind"]), data["weights"], data["acts"]
+    bias = data["bias"] if "bias" in data.files else None
     rows, k = weights.shape
     quantized = quantize(kind, weights)
     backend = cuda().ggml_backend_cuda_init(0)
     try:
-        products = {f"w{n}": mul_mat(backend, kind, quantized, rows, k, acts[:n])
+        products = {f"w{n}": mul_mat(backend, kind, quantized, rows, k, acts[:n], bias)
                     for n in range(1, len(acts) + 1)}
     finally:
         base().ggml_backend_free(backend)
-    np.savez(dst, calls=kernel_calls(), **products)
+    np.savez(dst, calls=kernel_calls(), bias_calls=kernel_calls("localspec_cuda_multicol_bias_calls"),
+             **products)
 
 
 if __name__ == "__main__":

@@ -39,12 +39,14 @@ pytestmark = pytest.mark.skipif(not ggml_cuda.available(),
                                 reason="needs llama.cpp's CUDA backend and a GPU")
 
 
-def _run(tmp: Path, kind: int, weights: np.ndarray, acts: np.ndarray, switch: str) -> dict:
-    """Every width's product in a process of its own, with GGML_CUDA_MULTICOL_MAX=switch and the
-    kernels from 2 columns (by default they start where they beat ggml's: 5)."""
-    src, dst = tmp / f"in-{switch}.npz", tmp / f"out-{switch}.npz"
-    np.savez(src, kind=kind, weights=weights, acts=acts)
-    env = {**os.environ, "GGML_CUDA_MULTICOL_MAX": switch, "GGML_CUDA_MULTICOL_MIN": "2"}
+def _run(tmp: Path, kind: int, weights: np.ndarray, acts: np.ndarray, name: str,
+         bias: np.ndarray | None = None, **switches: str) -> dict:
+    """Every width's product in a process of its own, under the kernels' `switches` (GGML_CUDA_
+    MULTICOL_*), the kernels from 2 columns (by default they start where they beat ggml's: 6)."""
+    src, dst = tmp / f"in-{name}.npz", tmp / f"out-{name}.npz"
+    np.savez(src, kind=kind, weights=weights, acts=acts, **({} if bias is None else {"bias": bias}))
+    env = {**os.environ, "GGML_CUDA_MULTICOL_MIN": "2",
+           **{f"GGML_CUDA_MULTICOL_{key.upper()}": value for key, value in switches.items()}}
     script = Path(ggml_cuda.__file__)
     subprocess.run([sys.executable, str(script), str(src), str(dst)], env=env, check=True,
                    cwd=script.parent)
@@ -52,23 +54,45 @@ def _run(tmp: Path, kind: int, weights: np.ndarray, acts: np.ndarray, switch: st
         return {key: out[key] for key in out.files}
 
 
-@pytest.mark.parametrize("kind,k,rows", CASES, ids=[f"{'Q4_K' if c[0] == Q4_K else 'Q6_K'}-{c[1]}x{c[2]}" for c in CASES])
-def test_cuda_multicol_matches_ggml_at_every_width_and_columns_agree_across_widths(tmp_path, kind, k, rows):
+def _inputs(kind: int, k: int, rows: int) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(kind * k + rows)
     weights = rng.normal(size=(rows, k)).astype(np.float32)
     acts = rng.normal(size=(COLS, k)).astype(np.float32) * rng.uniform(0.1, 3, size=(COLS, 1))
-    stock = _run(tmp_path, kind, weights, acts, "0")
+    return weights, acts
+
+
+@pytest.mark.parametrize("kind,k,rows", CASES, ids=[f"{'Q4_K' if c[0] == Q4_K else 'Q6_K'}-{c[1]}x{c[2]}" for c in CASES])
+def test_cuda_multicol_matches_ggml_at_every_width_and_columns_agree_across_widths(tmp_path, kind, k, rows):
+    weights, acts = _inputs(kind, k, rows)
+    stock = _run(tmp_path, kind, weights, acts, "stock", max="0")
     assert stock["calls"] in (0, -1), "the kernels ran although switched off"
-    kernels = _run(tmp_path, kind, weights, acts, "16")
-    assert kernels["calls"] == COLS - 1, "the kernels did not take widths 2..16"
     unquantized = acts @ weights.T
     scale = float(np.abs(unquantized).max())
-    widest = kernels[f"w{COLS}"]
     for n in range(1, COLS + 1):
-        reference, got = stock[f"w{n}"], kernels[f"w{n}"]
-        assert np.abs(reference - unquantized[:n]).max() <= QUANTIZATION_ERROR * scale
-        err = float(np.abs(got - reference).max()) / scale
-        bound = TOLERANCE if n <= 8 else TOLERANCE_MMQ
-        assert err <= bound, f"{n} columns: {err:.2e} of the output's scale from ggml's"
-        if n >= 2:   # one column keeps ggml's kernel
-            assert np.array_equal(got, widest[:n]), f"a column's output changed at {n} columns"
+        assert np.abs(stock[f"w{n}"] - unquantized[:n]).max() <= QUANTIZATION_ERROR * scale
+    # each number of a warp's chunks in flight is its own kernel
+    for inflight in ("1", "2", "4"):
+        kernels = _run(tmp_path, kind, weights, acts, f"inflight{inflight}", inflight=inflight)
+        assert kernels["calls"] == COLS - 1, "the kernels did not take widths 2..16"
+        widest = kernels[f"w{COLS}"]
+        for n in range(1, COLS + 1):
+            reference, got = stock[f"w{n}"], kernels[f"w{n}"]
+            err = float(np.abs(got - reference).max()) / scale
+            bound = TOLERANCE if n <= 8 else TOLERANCE_MMQ
+            assert err <= bound, f"{inflight} in flight, {n} columns: {err:.2e} of the output's scale from ggml's"
+            if n >= 2:   # one column keeps ggml's kernel
+                assert np.array_equal(got, widest[:n]), f"a column's output changed at {n} columns"
+
+
+@pytest.mark.parametrize("kind", [Q4_K, Q6_K], ids=["Q4_K", "Q6_K"])
+def test_cuda_multicol_adds_a_bias_row_in_its_store_with_the_bits_of_a_separate_add(tmp_path, kind):
+    """ggml fuses a bias add into its mat-vec for one column only; the kernels take it for their
+    widths: the product, then the bias, as ggml's add would give them."""
+    weights, acts = _inputs(kind, 1536, 200)
+    bias = np.random.default_rng(7).normal(size=200).astype(np.float32)
+    plain = _run(tmp_path, kind, weights, acts, "plain")
+    fused = _run(tmp_path, kind, weights, acts, "bias", bias=bias)
+    assert fused["bias_calls"] == COLS - 1, "the bias add was not fused into the kernels"
+    for n in range(2, COLS + 1):
+        assert np.array_equal(fused[f"w{n}"], plain[f"w{n}"] + bias), f"{n} columns"
+    assert np.allclose(fused["w1"], plain["w1"] + bias, rtol=1e-6, atol=1e-6 * float(np.abs(plain["w1"]).max()))
