@@ -15,7 +15,7 @@ libs=${LIBS:-.gpu/libs}
 # a carried build serves only the patches it was built from (its libs.key)
 key=$(cat packaging/patches/*.patch | sha256sum | cut -c1-16)
 if ls "$libs"/libs.* >/dev/null 2>&1 && [ "$(cat "$libs/libs.key" 2>/dev/null)" = "$key" ]; then
-  cat "$libs"/libs.* | xz -d | tar x -C /tmp/cb/bin
+  cat "$libs"/libs.[a-z][a-z] | xz -d | tar x -C /tmp/cb/bin
   echo "reused the carried llama.cpp build"
 else
   cmake -S "$d/vendor/llama.cpp" -B /tmp/cb -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
