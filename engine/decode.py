@@ -136,7 +136,7 @@ class Engine:
         owed = 0.0
         for stage in plan.stages:
             d = self.stages[stage]
-            budget = (plan.room if d.uses_model else plan.free_room) - (tree.n - 1)
+            budget = plan.budget(stage, not d.uses_model, tree.n - 1)
             if budget <= 0:
                 if d.uses_model:
                     break

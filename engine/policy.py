@@ -14,7 +14,7 @@ state carried to the next run.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol, Sequence
 
 import numpy as np
@@ -31,6 +31,16 @@ from .tree import DraftTree
 # the third call of one batch shape, so a choice changed every round would keep rebuilding it.
 HOLD = 16
 
+# A free stage grows at most GROW_FACTOR times the nodes pruning kept of it lately (the larger of
+# the last round's count and a decayed mean, KEPT_DECAY a round), plus GROW_MARGIN. Growing is
+# Python time every round, and nodes grown only to be pruned are paid for and return nothing: on a
+# GPU step a personal n-gram store's nodes cost more than their guesses returned (0028). The
+# factor lets a stage whose nodes are all kept double its growth a round; the margin keeps one
+# whose nodes are all pruned guessing.
+GROW_FACTOR = 2
+GROW_MARGIN = 4
+KEPT_DECAY = 0.9
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -40,6 +50,12 @@ class Plan:
     stages: tuple[int, ...]   # stage indices, cheapest first
     room: int                 # nodes the stages may add below the root
     free_room: int            # of which the free stages may fill
+    grow: tuple[int, ...] = ()   # per stage index, the most nodes it may add (): no bound
+
+    def budget(self, stage: int, free: bool, grown: int) -> int:
+        """Nodes `stage` may add to a tree that has `grown` below its root."""
+        room = (self.free_room if free else self.room) - grown
+        return min(room, self.grow[stage]) if self.grow else room
 
 
 class Policy(Protocol):
@@ -150,6 +166,11 @@ class AdaptivePolicy:
         self._held = 0                 # rounds left on it (stable shapes)
         self._after_plain = True       # the last round verified the root alone
         self._pruned_from: tuple[DraftTree, np.ndarray] | None = None   # this round's tree, keep mask
+        # nodes each stage had kept: decayed mean and last round (GROW_FACTOR); only where pruning
+        # runs, and only free stages are bound (a model stage's nodes are priced by its arms)
+        self._free = np.array([not d.uses_model for d in stages])
+        self._kept_mean = np.zeros(len(stages))
+        self._kept_last = np.zeros(len(stages))
 
     def begin(self) -> None:
         """A new generation: choose afresh, and count the first round as leaving plain ones."""
@@ -161,21 +182,31 @@ class AdaptivePolicy:
         if self.bandit is not None and (self.shapes is not Shapes.STABLE or self._held <= 0):
             self._index, self._held = self.bandit.choose(), HOLD   # held only with stable shapes
         self._held -= 1
-        return _plan(self.arms[self._index], self._routes[self._index], room)
+        plan = _plan(self.arms[self._index], self._routes[self._index], room)
+        if self._acceptance is None:
+            return plan
+        bound = GROW_FACTOR * np.maximum(self._kept_mean, self._kept_last) + GROW_MARGIN
+        grow = np.where(self._free, np.ceil(bound), plan.room).astype(int)
+        return replace(plan, grow=tuple(grow.tolist()))
 
     def select(self, tree: DraftTree) -> DraftTree:
         """The part of `tree` worth verifying on this machine (prune.py): `tree` itself, or a copy
         of its kept nodes (drafters keep their own node numbering of `tree`)."""
         self._pruned_from = None
         arm = self.arms[self._index]
-        if self._acceptance is None or tree.n <= 1:
+        if self._acceptance is None:
             return tree
-        cost = self._cost_table(arm, tree.n).__getitem__
-        keep = prune.choose(tree, self._acceptance.node_probs(tree), cost)
-        if keep.all():
-            return tree
-        self._pruned_from = (tree, keep)
-        return tree.copy_kept(keep, self._kept)
+        chosen = tree
+        if tree.n > 1:
+            cost = self._cost_table(arm, tree.n).__getitem__
+            keep = prune.choose(tree, self._acceptance.node_probs(tree), cost)
+            if not keep.all():
+                self._pruned_from = (tree, keep)
+                chosen = tree.copy_kept(keep, self._kept)
+        kept = np.bincount(chosen.drafter[1:chosen.n], minlength=len(self._free))[:len(self._free)]
+        self._kept_mean = KEPT_DECAY * self._kept_mean + (1 - KEPT_DECAY) * kept
+        self._kept_last = kept
+        return chosen
 
     def likelihood(self, tree: DraftTree) -> list[float]:
         """[tree.n] a score per node: its chance to be accepted, where that is modelled."""

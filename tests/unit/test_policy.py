@@ -10,7 +10,8 @@ import pytest
 from localspec.engine.budget import Arm
 from localspec.engine.calibrate import Costs
 from localspec.engine.config import DraftLimits, TreeBudget
-from localspec.engine.policy import HOLD, AdaptivePolicy, FixedPolicy, Plan, make_policy
+from localspec.engine.policy import (GROW_FACTOR, GROW_MARGIN, HOLD, KEPT_DECAY, AdaptivePolicy,
+                                     FixedPolicy, Plan, make_policy)
 from localspec.engine.prune import AcceptanceModel
 from localspec.engine.shapes import Shapes
 from localspec.engine.tree import DraftTree
@@ -124,8 +125,38 @@ def test_each_arm_runs_its_own_stages():
         plan = policy.plan(room=64)
         plans[plan.arm] = plan
         policy.observe(chain(()), (), [7], greedy=True, started=time.perf_counter() - 1e-3)
-    assert plans[Arm(32, models=False)] == Plan(Arm(32, models=False), (0, 1), 32, 32)
-    assert plans[Arm(8)] == Plan(Arm(8), (0, 1, 2), 8, 4)
+    assert replace(plans[Arm(32, models=False)], grow=()) == Plan(Arm(32, models=False), (0, 1), 32, 32)
+    assert replace(plans[Arm(8)], grow=()) == Plan(Arm(8), (0, 1, 2), 8, 4)
+
+
+def test_a_free_stage_grows_about_what_pruning_kept_of_it_and_a_model_stage_its_room():
+    policy = make_policy(TreeBudget(max_nodes=32, adaptive=True), [FREE, OTHER_FREE, MODEL], CHEAP,
+                         offloaded=True)
+    arm = policy.plan(room=64).arm
+    policy.observe(chain(()), (), [7], greedy=True, started=time.perf_counter())
+    plan = policy.plan(room=64)
+    room = plan.room
+    assert plan.grow == (GROW_MARGIN, GROW_MARGIN, room), "nothing kept yet: the margin"
+    # stage 0 proposes a chain of 5 that all pays on a flat curve; stage 1 nothing
+    kept = policy.select(chain((1, 2, 3, 4, 5), stage=0))
+    assert kept.n == 6
+    policy.observe(kept, (), [7], greedy=True, started=time.perf_counter())
+    plan = policy.plan(room=64)
+    assert plan.grow[:2] == (GROW_FACTOR * 5 + GROW_MARGIN, GROW_MARGIN)
+    assert plan.budget(0, True, 0) == min(plan.free_room, GROW_FACTOR * 5 + GROW_MARGIN)
+    assert plan.budget(2, False, 3) == plan.room - 3, "a model stage keeps its room"
+    # a round that keeps nothing falls back on the decayed mean, never below the margin
+    policy.select(chain(()))
+    plan = policy.plan(room=64)
+    mean = (1 - KEPT_DECAY) * 5 * KEPT_DECAY
+    assert plan.grow[0] == int(-(-(GROW_FACTOR * mean + GROW_MARGIN) // 1))
+    assert arm in policy.arms
+
+
+def test_without_pruning_nothing_bounds_growth():
+    policy = AdaptivePolicy((Arm(16, models=False),), [FREE, OTHER_FREE], None, Shapes.FREE)
+    plan = policy.plan(room=64)
+    assert plan.grow == () and plan.budget(1, True, 3) == plan.free_room - 3
 
 
 @pytest.mark.parametrize("costs, holds", [(GPU, True), (CHEAP, False), (CPU, False)])
