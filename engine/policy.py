@@ -167,7 +167,8 @@ class AdaptivePolicy:
         self._after_plain = True       # the last round verified the root alone
         self._pruned_from: tuple[DraftTree, np.ndarray] | None = None   # this round's tree, keep mask
         # nodes each stage had kept: decayed mean and last round (GROW_FACTOR); only where pruning
-        # runs, and only free stages are bound (a model stage's nodes are priced by its arms)
+        # runs and the arm runs free stages alone (with a model stage, what the free ones leave
+        # goes to the model: bounding them would change its share)
         self._free = np.array([not d.uses_model for d in stages])
         self._kept_mean = np.zeros(len(stages))
         self._kept_last = np.zeros(len(stages))
@@ -183,8 +184,8 @@ class AdaptivePolicy:
             self._index, self._held = self.bandit.choose(), HOLD   # held only with stable shapes
         self._held -= 1
         plan = _plan(self.arms[self._index], self._routes[self._index], room)
-        if self._acceptance is None:
-            return plan
+        if self._acceptance is None or not self._free[list(plan.stages)].all():
+            return plan   # a model stage's arm: the free stages keep their share (0028 measured none)
         bound = GROW_FACTOR * np.maximum(self._kept_mean, self._kept_last) + GROW_MARGIN
         grow = np.where(self._free, np.ceil(bound), plan.room).astype(int)
         return replace(plan, grow=tuple(grow.tolist()))

@@ -129,14 +129,13 @@ def test_each_arm_runs_its_own_stages():
     assert replace(plans[Arm(8)], grow=()) == Plan(Arm(8), (0, 1, 2), 8, 4)
 
 
-def test_a_free_stage_grows_about_what_pruning_kept_of_it_and_a_model_stage_its_room():
-    policy = make_policy(TreeBudget(max_nodes=32, adaptive=True), [FREE, OTHER_FREE, MODEL], CHEAP,
+def test_a_free_stage_grows_about_what_pruning_kept_of_it():
+    policy = make_policy(TreeBudget(max_nodes=32, adaptive=True), [FREE, OTHER_FREE], CHEAP,
                          offloaded=True)
     arm = policy.plan(room=64).arm
     policy.observe(chain(()), (), [7], greedy=True, started=time.perf_counter())
     plan = policy.plan(room=64)
-    room = plan.room
-    assert plan.grow == (GROW_MARGIN, GROW_MARGIN, room), "nothing kept yet: the margin"
+    assert plan.grow == (GROW_MARGIN, GROW_MARGIN), "nothing kept yet: the margin"
     # stage 0 proposes a chain of 5 that all pays on a flat curve; stage 1 nothing
     kept = policy.select(chain((1, 2, 3, 4, 5), stage=0))
     assert kept.n == 6
@@ -144,13 +143,24 @@ def test_a_free_stage_grows_about_what_pruning_kept_of_it_and_a_model_stage_its_
     plan = policy.plan(room=64)
     assert plan.grow[:2] == (GROW_FACTOR * 5 + GROW_MARGIN, GROW_MARGIN)
     assert plan.budget(0, True, 0) == min(plan.free_room, GROW_FACTOR * 5 + GROW_MARGIN)
-    assert plan.budget(2, False, 3) == plan.room - 3, "a model stage keeps its room"
     # a round that keeps nothing falls back on the decayed mean, never below the margin
     policy.select(chain(()))
     plan = policy.plan(room=64)
     mean = (1 - KEPT_DECAY) * 5 * KEPT_DECAY
     assert plan.grow[0] == int(-(-(GROW_FACTOR * mean + GROW_MARGIN) // 1))
     assert arm in policy.arms
+
+
+def test_an_arm_with_a_model_stage_leaves_the_free_stages_their_share():
+    policy = make_policy(TreeBudget(max_nodes=32, adaptive=True), [FREE, OTHER_FREE, MODEL], CHEAP,
+                         offloaded=True)
+    plans = []
+    for _ in range(len(policy.arms)):
+        plans.append(policy.plan(room=64))
+        policy.observe(chain(()), (), [7], greedy=True, started=time.perf_counter() - 1e-3)
+    assert all(p.grow == () for p in plans if 2 in p.stages)
+    assert all(p.grow == (GROW_MARGIN,) * 3 or p.grow[:2] == (GROW_MARGIN, GROW_MARGIN)
+               for p in plans if 2 not in p.stages)
 
 
 def test_without_pruning_nothing_bounds_growth():
