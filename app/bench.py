@@ -233,10 +233,6 @@ def run_bench(target: Path, draft: Path | None, prompts: Sequence[Prompt], names
                 report["head"]["step_ms"] = {n: round(1e3 * s, 3) for n, s in head_costs.draft.items()}
         if costs is not None:
             report["calibration"] = costs.to_dict()
-            if costs.tiled_min is not None:
-                report["calibration"]["ggml_tiled_min_rows"] = costs.tiled_min
-            if costs.multicol_min is not None:
-                report["calibration"]["multicol_min_rows"] = costs.multicol_min
             report["dropped_arms"] = {n: [str(a) for a in e.policy.dropped]
                                       for n, e in engines.items() if e.policy.dropped}
         traces = {n: {"arms": [str(a) for a in e.policy.bandit.arms],

@@ -163,9 +163,12 @@ class Costs:
                      if a.nodes == 0 or self.best_case_rate(a, width, max_depth) > plain)
 
     def to_dict(self) -> dict:
-        return {"target_ms": {n: round(1e3 * s, 2) for n, s in self.target.items()},
-                "draft_ms": {n: round(1e3 * s, 2) for n, s in self.draft.items()},
-                "switch_ms": round(1e3 * self.switch, 2)}
+        """The curves in ms, the shape change's price and the switches they were measured under."""
+        out = {"target_ms": {n: round(1e3 * s, 2) for n, s in self.target.items()},
+               "draft_ms": {n: round(1e3 * s, 2) for n, s in self.draft.items()},
+               "switch_ms": round(1e3 * self.switch, 2)}
+        rows = {"ggml_tiled_min_rows": self.tiled_min, "multicol_min_rows": self.multicol_min}
+        return out | {key: value for key, value in rows.items() if value is not None}
 
 
 def _start(model: LlamaModel) -> None:
