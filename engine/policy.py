@@ -187,8 +187,7 @@ class AdaptivePolicy:
         if self._acceptance is None or not self._free[list(plan.stages)].all():
             return plan   # a model stage's arm: the free stages keep their share (0028 measured none)
         bound = GROW_FACTOR * np.maximum(self._kept_mean, self._kept_last) + GROW_MARGIN
-        grow = np.where(self._free, np.ceil(bound), plan.room).astype(int)
-        return replace(plan, grow=tuple(grow.tolist()))
+        return replace(plan, grow=tuple(np.ceil(bound).astype(int).tolist()))
 
     def select(self, tree: DraftTree) -> DraftTree:
         """The part of `tree` worth verifying on this machine (prune.py): `tree` itself, or a copy
