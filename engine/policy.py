@@ -185,7 +185,7 @@ class AdaptivePolicy:
         self._held -= 1
         plan = _plan(self.arms[self._index], self._routes[self._index], room)
         if self._acceptance is None or not self._free[list(plan.stages)].all():
-            return plan   # a model stage's arm: the free stages keep their share (0028 measured none)
+            return plan   # with a model stage, what the free stages leave is the model's room
         bound = GROW_FACTOR * np.maximum(self._kept_mean, self._kept_last) + GROW_MARGIN
         return replace(plan, grow=tuple(np.ceil(bound).astype(int).tolist()))
 
