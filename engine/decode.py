@@ -126,8 +126,9 @@ class Engine:
     def _propose(self, root: int, plan: Plan, sampling: SamplingParams,
                  rng: np.random.Generator) -> tuple[DraftTree, float]:
         """This round's tree from `root`, grown by the plan's stages in order, and the seconds
-        its stages spent catching up on rounds they sat out. Every stage with room left proposes;
-        a model stage with no room left ends the round's drafting. The round's arm is charged
+        its stages spent catching up on rounds they sat out. Every planned stage with room left
+        proposes, and a free stage's time is told to the policy (its worth); a model stage with no
+        room left ends the round's drafting. The round's arm is charged
         without the catching up: a stage owes it for the tokens, whichever arm runs it next, and
         a stage played every round owes nothing, so an arm probed rarely would otherwise be
         charged for its absence (a draft head's arms were priced at twice their work, 0024)."""
@@ -143,8 +144,11 @@ class Engine:
                 continue
             caught = time.perf_counter()
             d.catch_up()
-            owed += time.perf_counter() - caught
+            began = time.perf_counter()
+            owed += began - caught
             d.propose(tree, stage, budget, sampling, rng)
+            if not d.uses_model:
+                self.policy.ran(stage, time.perf_counter() - began)
         return tree, owed
 
     def _select(self, drafted: DraftTree) -> DraftTree:

@@ -7,8 +7,9 @@ what it cost. The loop itself stays the same for every policy; the choices live 
 FixedPolicy grows one tree size and verifies every drafted node: nothing is measured, so there is
 nothing to weigh. Plain decoding is a FixedPolicy with no stages. AdaptivePolicy owns the measured
 parts: the bandit over arms (budget.py), the acceptance model that prices each node and prunes what
-does not pay (prune.py), the price of a verify as the batch-shape mode makes it (shapes.py), and the
-state carried to the next run.
+does not pay (prune.py), each free stage's growth bounded by what pruning kept of it and its
+running by its worth against its Python time (worth.py), the price of a verify as the batch-shape
+mode makes it (shapes.py), and the state carried to the next run.
 `make_policy` chooses between them and builds the arms, once.
 """
 from __future__ import annotations
@@ -26,6 +27,7 @@ from .config import TreeBudget
 from .drafters.base import Drafter
 from .shapes import Shapes
 from .tree import DraftTree
+from .worth import StageWorth
 
 # Rounds an adaptive choice is kept with stable shapes: llama.cpp replays a CUDA graph only from
 # the third call of one batch shape, so a choice changed every round would keep rebuilding it.
@@ -71,6 +73,9 @@ class Policy(Protocol):
 
     def plan(self, room: int) -> Plan:
         """This round's tree, with at most `room` nodes below the root."""
+
+    def ran(self, stage: int, seconds: float) -> None:
+        """Free stage `stage` of this round's plan proposed, in `seconds`."""
 
     def select(self, tree: DraftTree) -> DraftTree:
         """The part of the drafted tree to verify: `tree` itself or a copy."""
@@ -126,6 +131,9 @@ class FixedPolicy:
     def plan(self, room: int) -> Plan:
         return _plan(self.arms[0], self._route, room)
 
+    def ran(self, stage: int, seconds: float) -> None:
+        """Nothing is measured."""
+
     def select(self, tree: DraftTree) -> DraftTree:
         return tree
 
@@ -160,6 +168,9 @@ class AdaptivePolicy:
         self.bandit = AdaptiveBudget(arms) if len(arms) > 1 else None
         self._routes = [route(a, stages) for a in arms]
         self._acceptance = prune.AcceptanceModel(len(stages)) if costs is not None else None
+        self._worth = StageWorth(len(stages)) if costs is not None else None
+        self._step = costs.target_cost(1) if costs is not None else 0.0   # a plain step, seconds
+        self._ran = [False] * len(stages)   # this round: the free stages that proposed (worth)
         self._kept = DraftTree(capacity=max(2, max(a.nodes for a in arms) + 1))
         self._cost_tables: dict[tuple[int, bool], list[float]] = {}   # by (arm nodes, after plain)
         self._index = 0                # this round's arm
@@ -184,10 +195,24 @@ class AdaptivePolicy:
             self._index, self._held = self.bandit.choose(), HOLD   # held only with stable shapes
         self._held -= 1
         plan = _plan(self.arms[self._index], self._routes[self._index], room)
-        if self._acceptance is None or not self._free[list(plan.stages)].all():
+        if self._worth is None:
+            return plan
+        for i in range(len(self._ran)):
+            self._ran[i] = False
+        free = self._free
+        stages = tuple(s for s in plan.stages if not free[s] or self._worth.runs(s, self._step))
+        if stages != plan.stages:
+            plan = replace(plan, stages=stages)
+        if not free[list(plan.stages)].all():
             return plan   # with a model stage, what the free stages leave is the model's room
         bound = GROW_FACTOR * np.maximum(self._kept_mean, self._kept_last) + GROW_MARGIN
         return replace(plan, grow=tuple(np.ceil(bound).astype(int).tolist()))
+
+    def ran(self, stage: int, seconds: float) -> None:
+        """A free stage's propose took `seconds` (its worth's cost)."""
+        if self._worth is not None:
+            self._ran[stage] = True
+            self._worth.ran(stage, seconds)
 
     def select(self, tree: DraftTree) -> DraftTree:
         """The part of `tree` worth verifying on this machine (prune.py): `tree` itself, or a copy
@@ -222,6 +247,11 @@ class AdaptivePolicy:
             self._acceptance.update(tree, path)
             if self._pruned_from is not None:
                 self._acceptance.observe_pruned(*self._pruned_from, tokens, greedy)
+        if self._worth is not None:
+            accepted = [0] * len(self._ran)
+            for node in path:
+                accepted[tree.drafter[node]] += 1
+            self._worth.credit(self._ran, accepted)
         if self.bandit is not None:
             self.bandit.update(self._index, len(tokens), time.perf_counter() - started)
         self._after_plain = tree.n <= 1
@@ -247,6 +277,8 @@ class AdaptivePolicy:
             out["budget"] = self.bandit.state()
         if self._acceptance is not None:
             out["acceptance"] = self._acceptance.state()
+        if self._worth is not None:
+            out["worth"] = self._worth.state()
         return out
 
     def resume(self, learnt: dict) -> None:
@@ -255,6 +287,8 @@ class AdaptivePolicy:
             self.bandit.load(learnt["budget"])
         if self._acceptance is not None and isinstance(learnt.get("acceptance"), dict):
             self._acceptance.load(learnt["acceptance"])
+        if self._worth is not None and isinstance(learnt.get("worth"), dict):
+            self._worth.load(learnt["worth"])
 
 
 def make_policy(budget: TreeBudget, stages: Sequence[Drafter], costs: Costs | None,

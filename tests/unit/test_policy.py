@@ -1,6 +1,7 @@
 """The decode policy's choices on hand-built trees and hand-made cost curves (no model loaded):
 which policy and arms an engine gets, the batch-shape mode and its padding and prices, held
-choices, the stages a round runs, pruning, and what carries to the next run."""
+choices, the stages a round runs, growth bounds, the free stages' worth, pruning, and what carries to
+the next run."""
 from __future__ import annotations
 
 import time
@@ -15,6 +16,7 @@ from localspec.engine.policy import (GROW_FACTOR, GROW_MARGIN, HOLD, KEPT_DECAY,
 from localspec.engine.prune import AcceptanceModel
 from localspec.engine.shapes import Shapes
 from localspec.engine.tree import DraftTree
+from localspec.engine.worth import StageWorth
 
 
 @dataclass(frozen=True)
@@ -167,6 +169,30 @@ def test_without_pruning_nothing_bounds_growth():
     policy = AdaptivePolicy((Arm(16, models=False),), [FREE, OTHER_FREE], None, Shapes.FREE)
     plan = policy.plan(room=64)
     assert plan.grow == () and plan.budget(1, True, 3) == plan.free_room - 3
+
+
+def test_a_free_stage_sits_out_rounds_where_its_time_costs_more_than_it_brings():
+    policy = make_policy(TreeBudget(max_nodes=32, adaptive=True), [FREE, OTHER_FREE, MODEL], CHEAP,
+                         offloaded=True)
+    planned = []
+    for _ in range(1200):
+        plan = policy.plan(room=64)
+        for stage in plan.stages:
+            if stage != 2:
+                policy.ran(stage, 1e-3 if stage == 0 else 5.0)   # stage 1: five steps a round
+        planned.append(plan.stages)
+        policy.observe(chain((10,), stage=0), (1,), [10, 7], greedy=True, started=time.perf_counter())
+    late = planned[200:]
+    assert all(0 in p for p in late), "a stage that pays always runs"
+    assert 0 < sum(1 in p for p in late) <= 1000 // StageWorth.MAX_INTERVAL + 1, \
+        "one that does not is only tried now and then"
+    assert any(2 in p for p in late), "a model stage is not gated by worth"
+    again = make_policy(TreeBudget(max_nodes=32, adaptive=True), [FREE, OTHER_FREE, MODEL], CHEAP,
+                        offloaded=True)
+    again.resume(policy.learnt())
+    assert again.learnt()["worth"] == policy.learnt()["worth"]
+    fixed = make_policy(TreeBudget(max_nodes=8), [FREE, OTHER_FREE], None, offloaded=True)
+    assert all(fixed.plan(room=8).stages == (0, 1) for _ in range(50)), "nothing measured: all run"
 
 
 @pytest.mark.parametrize("costs, holds", [(GPU, True), (CHEAP, False), (CPU, False)])

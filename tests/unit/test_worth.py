@@ -1,0 +1,48 @@
+"""A free drafter runs while its accepted tokens pay for its Python time (engine/worth.py)."""
+from __future__ import annotations
+
+import numpy as np
+from localspec.engine.worth import StageWorth
+
+STEP = 2e-3   # a plain target step on a GPU, seconds
+
+
+def play(worth: StageWorth, seconds: list[float], tokens: list[float], rounds: int) -> np.ndarray:
+    """Rounds each stage ran, of the last `rounds` // 2."""
+    counts = np.zeros(len(seconds), int)
+    for r in range(rounds):
+        ran = np.array([worth.runs(s, STEP) for s in range(len(seconds))])
+        for s in np.flatnonzero(ran):
+            worth.ran(int(s), seconds[s])
+        worth.credit(ran, np.where(ran, tokens, 0.0))
+        if r >= rounds // 2:
+            counts += ran
+    return counts
+
+
+def test_a_stage_that_costs_more_than_it_brings_runs_only_to_explore():
+    worth = StageWorth(3)
+    # stage 0: 10 us for 0.5 tokens a round (pays); stage 1: 60 us for 0.02 tokens (40 us worth);
+    # stage 2: 400 us for the same 0.02 tokens
+    costs, tokens = [10e-6, 60e-6, 400e-6], [0.5, 0.02, 0.02]
+    play(worth, costs, tokens, 4096)                 # its estimates settle
+    counts = play(worth, costs, tokens, 2048)
+    assert counts[0] == 1024
+    assert 1024 // 64 <= counts[1] <= 1024 // 24                    # 1.5x short: every ~36 rounds
+    assert 1 <= counts[2] <= 1024 // StageWorth.MAX_INTERVAL + 1    # 10x short: as rarely as allowed
+
+
+def test_on_a_slow_machine_the_same_stage_pays():
+    worth = StageWorth(1)
+    for _ in range(200):                          # a 69 ms CPU step: 0.02 tokens are worth 1.4 ms
+        assert worth.runs(0, 69e-3)
+        worth.ran(0, 400e-6)
+        worth.credit(np.array([True]), np.array([0.02]))
+
+
+def test_a_stage_that_starts_paying_is_noticed_again():
+    worth = StageWorth(1)
+    play(worth, [400e-6], [0.0], 320)
+    assert not worth.runs(0, STEP) or worth.rounds % StageWorth.EXPLORE == 0
+    counts = play(worth, [400e-6], [3.0], 320)    # explored rounds now bring 3 tokens
+    assert counts[0] > 150
