@@ -26,8 +26,10 @@ Why it is shaped so:
   Any write to the store (a reply learnt, a forget, a wipe: its `revision` counter, checked in
   `begin`) drops the cache, so new counts reach the next reply and forgotten ones leave memory. When the new context extends
   the previous one (a chat going on), `begin` only rolls forward.
-* **Best-first growth.** A heap of candidate children ordered by path probability: the budget
-  goes to the most probable nodes of the whole tree, and a root's most likely child comes first.
+* **Best-first growth, expanded lazily.** A heap of candidate children ordered by path
+  probability: the budget goes to the most probable nodes of the whole tree, and a root's most
+  likely child comes first. A node's own children are looked up only when its path probability
+  tops the heap, so the last nodes grown cost no store lookups.
 * Once the app has learnt a conversation into the store, its tokens count twice while it is the
   current context (store + memory): a deliberate, bounded recency weighting.
 """
@@ -182,24 +184,26 @@ class PersonalNgram:
         if budget <= 0 or not self._tokens:
             return
         keep, max_depth = self.max_n - 1, self.limits.max_depth
-        heap: list = []     # (-path logp, tie, parent node, token, parent's history, P(token|parent))
-        tie = 0
-
-        def expand(node: int, logp: float, hist: tuple[int, ...]) -> None:
-            nonlocal tie
-            for p, token in self.next_tokens(hist):
-                heapq.heappush(heap, (-(logp + math.log(p)), tie, node, token, hist, p))
-                tie += 1
-
-        expand(0, 0.0, tuple(self._tokens[-keep:]))
+        # best first, expanded lazily: a node's children are looked up only when its own path
+        # probability (which bounds theirs) tops the heap, so the nodes grown last, when the
+        # budget runs out, cost no lookups. Entries: (-path logp, tie, parent node, token or
+        # -1 for "expand the parent", history after the parent, P(token | parent)).
+        heap: list = [(0.0, 0, 0, -1, tuple(self._tokens[-keep:]), 1.0)]
+        tie = 1
         while heap and budget > 0:
             neg, _, parent, token, hist, p = heapq.heappop(heap)
+            if token < 0:
+                for q, t in self.next_tokens(hist):
+                    heapq.heappush(heap, (neg - math.log(q), tie, parent, t, hist, q))
+                    tie += 1
+                continue
             child = tree.child_with_token(parent, token)
             if child < 0:                     # an earlier stage's child is adopted for free
                 child = tree.add(parent, token, -neg, stage, hint=prob_hint(p))
                 budget -= 1
             if tree.depth[child] < max_depth:
-                expand(child, -neg, (hist + (token,))[-keep:])
+                heapq.heappush(heap, (neg, tie, child, -1, (hist + (token,))[-keep:], 1.0))
+                tie += 1
 
     def cost_curve(self, costs: Costs) -> Costs:
         return costs              # free: no curve of its own
