@@ -30,6 +30,7 @@ import os
 import platform
 import time
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -117,6 +118,14 @@ class Costs:
         chosen = {TILED_MIN: self.tiled_min, MULTICOL_MIN: self.multicol_min}
         return {key: str(value) for key, value in chosen.items() if value is not None}
 
+    @cached_property
+    def _rising(self) -> tuple[dict[int, float], dict[int, float]]:
+        """The target's and the draft's curves, each point at least the one before it: a batch
+        costs no less than a smaller one, where a measurement (a burst of one size timed apart
+        from the rest) can come out below its neighbour and make a row look free or the curve
+        fall beyond its end."""
+        return _rising(self.target), _rising(self.draft)
+
     @staticmethod
     def _at(curve: dict[int, float], n: int) -> float:
         sizes = sorted(curve)
@@ -130,7 +139,7 @@ class Costs:
         return curve[lo] + (curve[hi] - curve[lo]) * (n - lo) / (hi - lo)
 
     def target_cost(self, n: int) -> float:
-        return self._at(self.target, n)
+        return self._at(self._rising[0], n)
 
     @property
     def cheap_switch(self) -> bool:
@@ -142,7 +151,7 @@ class Costs:
         return self.switch <= self.target_cost(1)
 
     def draft_cost(self, n: int) -> float:
-        return self._at(self.draft, n) if self.draft else 0.0
+        return self._at(self._rising[1], n) if self.draft else 0.0
 
     def best_case_rate(self, arm: Arm, width: int, max_depth: int) -> float:
         """Tokens per second of `arm` if drafts were accepted at OPTIMISTIC along a chain."""
@@ -169,6 +178,13 @@ class Costs:
                "switch_ms": round(1e3 * self.switch, 2)}
         rows = {"ggml_tiled_min_rows": self.tiled_min, "multicol_min_rows": self.multicol_min}
         return out | {key: value for key, value in rows.items() if value is not None}
+
+
+def _rising(curve: dict[int, float]) -> dict[int, float]:
+    out, top = {}, 0.0
+    for n in sorted(curve):
+        top = out[n] = max(top, curve[n])
+    return out
 
 
 def _start(model: LlamaModel) -> None:
