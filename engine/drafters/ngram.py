@@ -30,6 +30,11 @@ Why it is shaped so:
   probability: the budget goes to the most probable nodes of the whole tree, and a root's most
   likely child comes first. A node's own children are looked up only when its path probability
   tops the heap, so the last nodes grown cost no store lookups.
+* **Only likely nodes query the store.** A store query costs about a tenth of a GPU's plain step
+  with its Python; a node below `fetch_above` path probability grows from what is in memory (the
+  context's own n-grams, contexts fetched before). Its children could be accepted at most as
+  often as it is, and on new text they nearly never are, while a phrase the user wrote before
+  keeps its path probability high and is followed from the store (docs/decisions/0029).
 * Once the app has learnt a conversation into the store, its tokens count twice while it is the
   current context (store + memory): a deliberate, bounded recency weighting.
 """
@@ -67,12 +72,15 @@ class NgramLimits:
     threshold: float = 0.1    # propose a child only if P(child | path) exceeds this
     max_cached: int = 200_000  # store contexts kept in memory before the cache is dropped
     prefetch: int = 256       # with the unigrams, fetch the contexts of this many top tokens
+    fetch_above: float = 0.15  # a node this likely grows from the store; a less likely one from memory
 
     def __post_init__(self) -> None:
         if self.max_n < 2 or self.branching < 1 or self.max_depth < 1:
             raise ValueError("need max_n >= 2, branching >= 1, max_depth >= 1")
         if not 0.0 < self.threshold < 1.0:
             raise ValueError("threshold must be in (0, 1)")
+        if not 0.0 < self.fetch_above <= 1.0:
+            raise ValueError("fetch_above must be in (0, 1]")
 
 
 class _Counts:
@@ -184,6 +192,7 @@ class PersonalNgram:
         if budget <= 0 or not self._tokens:
             return
         keep, max_depth = self.max_n - 1, self.limits.max_depth
+        fetch_logp = math.log(self.limits.fetch_above)
         # best first, expanded lazily: a node's children are looked up only when its own path
         # probability (which bounds theirs) tops the heap, so the nodes grown last, when the
         # budget runs out, cost no lookups. Entries: (-path logp, tie, parent node, token or
@@ -193,7 +202,7 @@ class PersonalNgram:
         while heap and budget > 0:
             neg, _, parent, token, hist, p = heapq.heappop(heap)
             if token < 0:
-                for q, t in self.next_tokens(hist):
+                for q, t in self.next_tokens(hist, -neg >= fetch_logp):
                     heapq.heappush(heap, (neg - math.log(q), tie, parent, t, hist, q))
                     tie += 1
                 continue
@@ -213,9 +222,10 @@ class PersonalNgram:
         self._revision = None
 
     # ---- the model ----------------------------------------------------------------------------
-    def next_tokens(self, hist: tuple[int, ...]) -> list[tuple[float, int]]:
-        """Up to `branching` (P(w | hist), w) with P above the threshold, most probable first."""
-        levels, weights = self._mixture(hist)
+    def next_tokens(self, hist: tuple[int, ...], fetch: bool = True) -> list[tuple[float, int]]:
+        """Up to `branching` (P(w | hist), w) with P above the threshold, most probable first.
+        fetch=False: contexts not in memory count only what this context taught (no store query)."""
+        levels, weights = self._mixture(hist, fetch)
         if not levels:
             return []
         tau = self.limits.threshold
@@ -236,18 +246,28 @@ class PersonalNgram:
         levels, weights = self._mixture(tuple(int(t) for t in hist)[-(self.max_n - 1):])
         return _mix(levels, weights, int(token)) if levels else 0.0
 
-    def _mixture(self, hist: tuple[int, ...]) -> tuple[list[_Counts], list[float]]:
+    def _mixture(self, hist: tuple[int, ...], fetch: bool = True
+                 ) -> tuple[list[_Counts], list[float]]:
         """Seen levels, longest context first, and each one's weight W_k in the interpolation."""
         self.catch_up()
         top = min(len(hist), self.max_n - 1)
         ctxs = [hist[len(hist) - k:] for k in range(top, -1, -1)]   # ..., (b, c), (c,), ()
+        unfetched: list[tuple[int, ...]] = []
         if self.store is not None:
             missing = [c for c in ctxs if c not in self._stored and c not in self._merged]
-            if missing:
+            if missing and fetch:
                 self._stored.update(self.store.lookup(missing))
+            elif missing:
+                unfetched = missing
         levels, weights, rest = [], [], 1.0
         for ctx in ctxs:
-            counts = self._counts(ctx)
+            if ctx in unfetched:   # not cached as merged: a later fetch must still find it missing
+                seen = self._session.get(ctx)
+                if not seen:
+                    continue
+                counts = _Counts(dict(seen))
+            else:
+                counts = self._counts(ctx)
             if counts.total == 0:
                 continue
             lam = counts.total / (counts.total + len(counts.count)) if ctx else 1.0

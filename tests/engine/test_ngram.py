@@ -130,6 +130,32 @@ def test_tree_best_first_with_budget_branching_depth_threshold(store):
     assert [p for p, _ in tree_paths(propose(strict, 2, 8))] == [[3], [3, 1], [3, 1, 2]]
 
 
+def test_only_likely_nodes_query_the_store(store):
+    store.add("conversation", "c", SEQ)
+    queried: list[list] = []
+    lookup = store.lookup
+    store.lookup = lambda contexts: queried.append(list(contexts)) or lookup(contexts)
+    limits = dict(max_n=3, branching=2, max_depth=3, threshold=0.1)
+    every = PersonalNgram(store, NgramLimits(**limits, fetch_above=1e-9))
+    every.begin([1, 2])
+    queried.clear()
+    deep = propose(every, 2, budget=50)
+    assert len(queried) >= 2, "each new context of the tree is a query"
+    root_only = PersonalNgram(store, NgramLimits(**limits, fetch_above=1.0))
+    root_only.begin([1, 2])
+    queried.clear()
+    shallow = propose(root_only, 2, budget=50)
+    assert len(queried) == 1, "only the root (path probability 1) queries"
+    first = sorted((p, lp) for p, lp in tree_paths(shallow) if len(p) == 1)
+    assert first == sorted((p, lp) for p, lp in tree_paths(deep) if len(p) == 1), \
+        "the root's children are the same"
+    # a context skipped for a query is not remembered as empty: a later lookup still fetches it
+    for hist, token in (([2, 3], 1), ([3, 1], 2), ([2, 4], 1)):
+        assert root_only.probability(hist, token) == pytest.approx(every.probability(hist, token))
+    with pytest.raises(ValueError, match="fetch_above"):
+        NgramLimits(fetch_above=0.0)
+
+
 def test_adopts_earlier_stage_children_and_learns_in_session():
     drafter = PersonalNgram(None, NgramLimits(max_n=3, branching=1, max_depth=4))
     drafter.begin([5, 6, 7, 8, 5, 6, 7, 8, 5])
