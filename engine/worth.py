@@ -8,7 +8,9 @@ it got accepted per round it ran; a stage runs while those tokens, at the price 
 step, are worth its seconds. A stage that does not pay is tried again now and then, so one that
 starts to pay (a chat turning to what the user wrote before) is noticed: after `EXPLORE` rounds
 times the square of how far it fell short, at most `MAX_INTERVAL` (the schedule of budget.py's
-probes).
+probes). A round a stage ran whose own tokens paid for its own time (a chat turning to what the
+user wrote before) lets it run the next round too, and so on while that holds: the means alone,
+moved a twentieth a round, would take a dozen such rounds to reopen the gate.
 """
 from __future__ import annotations
 
@@ -27,11 +29,15 @@ class StageWorth:
         self.decay = decay
         self.rounds = 0
         self._next_try = [0] * n_stages
+        self._last = [0.0] * n_stages        # seconds of each stage's last propose
+        self._paid = [False] * n_stages      # its last round's tokens paid for that propose
+        self._step = 0.0                     # the plain step's price `runs` was last given
 
     def runs(self, stage: int, step_seconds: float) -> bool:
         """Whether `stage` proposes this round, a plain target step costing `step_seconds`."""
+        self._step = step_seconds
         worth, cost = self.tokens[stage] * step_seconds, self.seconds[stage]
-        if worth >= cost:
+        if worth >= cost or self._paid[stage]:
             return True
         if self.rounds < self._next_try[stage]:
             return False
@@ -41,6 +47,7 @@ class StageWorth:
 
     def ran(self, stage: int, seconds: float) -> None:
         """`stage` proposed this round, in `seconds`."""
+        self._last[stage] = seconds
         if self.seconds[stage] == 0.0:   # the first measurement stands for itself
             self.seconds[stage] = seconds
         else:
@@ -53,6 +60,7 @@ class StageWorth:
         for s, did in enumerate(ran):
             if did:
                 self.tokens[s] = d * self.tokens[s] + (1 - d) * float(accepted[s])
+                self._paid[s] = accepted[s] * self._step >= self._last[s] > 0.0
         self.rounds += 1
 
     def state(self) -> dict:

@@ -46,3 +46,23 @@ def test_a_stage_that_starts_paying_is_noticed_again():
     assert not worth.runs(0, STEP) or worth.rounds % StageWorth.EXPLORE == 0
     counts = play(worth, [400e-6], [3.0], 320)    # explored rounds now bring 3 tokens
     assert counts[0] > 150
+
+
+def test_a_retry_that_pays_keeps_the_stage_running_while_it_pays():
+    worth = StageWorth(1)
+    play(worth, [400e-6], [0.0], 2000)                # settled far below its cost: rare retries
+    assert worth.tokens[0] * STEP < worth.seconds[0] / 2, "the means say it does not pay"
+    while not worth.runs(0, STEP):                    # wait for the next retry
+        worth.credit([False], [0.0])
+    worth.ran(0, 400e-6)
+    worth.credit([True], [3.0])                       # it brought 3 tokens: 6 ms for 0.4 ms
+    runs = 0
+    for _ in range(10):                               # and goes on bringing them
+        assert worth.runs(0, STEP)
+        worth.ran(0, 400e-6)
+        worth.credit([True], [3.0])
+        runs += 1
+    assert runs == 10
+    worth.ran(0, 400e-6)
+    worth.credit([True], [0.0])                       # a round that does not pay
+    assert worth.tokens[0] * STEP >= worth.seconds[0], "by now the means themselves say it pays"
