@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
-from localspec.engine.calibrate import Costs
+from localspec.engine.costs import Costs
 from localspec.engine.config import (
     DEFAULT_TREE_NODES,
     HEAD_LIMITS,

@@ -18,7 +18,8 @@ import tempfile
 from pathlib import Path
 
 from localspec.app.bench import CONFIGS, BenchConfig, _engines, bench_inputs, config
-from localspec.engine.calibrate import Costs, read_json
+from localspec.engine.calibrate import read_json
+from localspec.engine.costs import Costs
 from localspec.engine.config import GenerationRequest, SamplingParams, TreeBudget
 from localspec.engine.generation import finish
 from localspec.engine.build import load

@@ -29,7 +29,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
 
-from .calibrate import Costs, Progress, calibrate, learnt_path, read_json
+from .calibrate import Progress, calibrate, learnt_path, read_json
+from .costs import Costs
 from .config import HEAD_CONTEXT, TreeBudget
 from .decode import Engine
 from .drafters import registry

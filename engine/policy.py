@@ -22,7 +22,7 @@ import numpy as np
 
 from . import prune
 from .budget import AdaptiveBudget, Arm
-from .calibrate import Costs
+from .costs import Costs
 from .config import TreeBudget
 from .drafters.base import Drafter
 from .shapes import Shapes

@@ -18,7 +18,7 @@ import enum
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .calibrate import Costs
+    from .costs import Costs
 
 # The sizes trees are padded to where a change of shape is cheap. llama.cpp keeps a CUDA graph per
 # size, but captures one only after two calls of that size and drops it when unused for a while,

@@ -41,7 +41,7 @@ from ..config import SamplingParams
 from ..tree import DraftTree
 
 if TYPE_CHECKING:
-    from ..calibrate import Costs
+    from ..costs import Costs
 
 
 class Drafter(Protocol):

@@ -39,7 +39,7 @@ from .head_net import HeadNet, HeadShape, attend, shape_problem
 from .torch_draft import greedy_rows, process_rows
 
 if TYPE_CHECKING:
-    from ..calibrate import Costs
+    from ..costs import Costs
 
 _BUCKETS = (1, 2, 4, 8, 16, 32)   # rows a step is padded to on a GPU (one CUDA graph each)
 _EXTRA = 4096                     # embedding rows for tokens outside the draft vocabulary

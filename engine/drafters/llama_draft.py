@@ -31,7 +31,7 @@ from ..tree import DraftTree
 from .grow import GrowLimits, grow
 
 if TYPE_CHECKING:
-    from ..calibrate import Costs
+    from ..costs import Costs
 
 
 

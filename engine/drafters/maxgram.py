@@ -25,7 +25,7 @@ from ..config import SamplingParams
 from ..tree import DraftTree
 
 if TYPE_CHECKING:
-    from ..calibrate import Costs
+    from ..costs import Costs
 
 _MATCH_EDGES = (3, 4, 6, 8, 12, 16, 32)     # match length -> hint 0..7
 

@@ -51,7 +51,7 @@ from ..config import SamplingParams
 from ..tree import DraftTree, prob_hint
 
 if TYPE_CHECKING:
-    from ..calibrate import Costs
+    from ..costs import Costs
 
 
 class CountSource(Protocol):

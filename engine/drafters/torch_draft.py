@@ -33,7 +33,7 @@ from ..tree import DraftTree
 from .grow import GrowLimits, grow
 
 if TYPE_CHECKING:
-    from ..calibrate import Costs
+    from ..costs import Costs
 
 # Committed tokens are fed in chunks of this many so a long prompt's attention scores stay small.
 _PREFILL_CHUNK = 512
@@ -93,7 +93,7 @@ def torch_draft_costs(costs: Costs, lm: TorchLM, path: Path | None) -> Costs:
 def measure_forward(lm: TorchLM, sizes: Sequence[int] = (1, 2, 4, 8), reps: int = 5,
                     context: int = 64) -> dict[int, float]:
     """Seconds per forward of n tree rows after `context` cached tokens: the draft's cost curve
-    for the adaptive budget (`calibrate.Costs.draft`). Fastest of `reps`; the first call of each
+    for the adaptive budget (`costs.Costs.draft`). Fastest of `reps`; the first call of each
     size (graph capture on a GPU) is not timed. Leaves nothing the next `begin` relies on."""
     sizes = [n for n in sizes if context + n <= lm.max_len]
     idx = torch.arange(context)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from localspec.engine import calibrate as cal
 from localspec.engine.budget import Arm
-from localspec.engine.calibrate import Costs
+from localspec.engine.costs import Costs
 from localspec.engine.config import TreeBudget
 from localspec.engine.llama_model import LlamaModel
 from localspec.engine.session import Session

@@ -14,7 +14,7 @@ import pytest
 from localspec.engine import build as build_module
 from localspec.engine import llama_model, native
 from localspec.engine.budget import AdaptiveBudget
-from localspec.engine.calibrate import Costs
+from localspec.engine.costs import Costs
 from localspec.engine.config import DraftLimits, TreeBudget
 from localspec.engine.decode import Engine
 from localspec.engine.errors import LocalspecError

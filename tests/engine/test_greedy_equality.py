@@ -6,7 +6,7 @@ import pytest
 
 from localspec.engine import build as build_module
 from localspec.engine.budget import AdaptiveBudget
-from localspec.engine.calibrate import Costs
+from localspec.engine.costs import Costs
 from localspec.engine.config import TreeBudget
 from localspec.engine.config import DraftLimits
 from localspec.engine.generation import Finished, Round, finish

@@ -5,7 +5,7 @@ room, and the output stays plain decoding's."""
 from __future__ import annotations
 
 import pytest
-from localspec.engine.calibrate import Costs
+from localspec.engine.costs import Costs
 from localspec.engine.config import GenerationRequest, TreeBudget
 from localspec.engine.decode import Engine
 from localspec.engine.generation import finish

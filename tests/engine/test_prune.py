@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from localspec.engine.calibrate import Costs
+from localspec.engine.costs import Costs
 from localspec.engine.config import DraftLimits, SamplingParams, TreeBudget
 from localspec.engine.decode import Engine
 from localspec.engine.policy import make_policy

@@ -3,7 +3,7 @@ priced below a smaller one, between and beyond the measured sizes."""
 from __future__ import annotations
 
 import pytest
-from localspec.engine.calibrate import Costs
+from localspec.engine.costs import Costs
 
 # an H200's calibration (ms): 2 rows timed below 1, 32 below 24
 MEASURED = {1: 1.66, 2: 1.52, 3: 2.2, 4: 2.55, 8: 2.87, 16: 3.6, 24: 4.6, 32: 4.34}

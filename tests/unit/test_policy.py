@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 
 import pytest
 from localspec.engine.budget import Arm
-from localspec.engine.calibrate import Costs
+from localspec.engine.costs import Costs
 from localspec.engine.config import DraftLimits, TreeBudget
 from localspec.engine.policy import (GROW_FACTOR, GROW_MARGIN, HOLD, KEPT_DECAY, AdaptivePolicy,
                                      FixedPolicy, Plan, make_policy)
