@@ -122,7 +122,10 @@ class ConfigResult:
         self.outputs.append(gen.tokens)
         self.texts.append(gen.text)
         for s in st.stages:
-            agg = self.stages.setdefault(s.name, {"proposed": [], "accepted": []})
+            agg = self.stages.setdefault(s.name, {"proposed": [], "accepted": [], "rounds": 0,
+                                                  "seconds": 0.0})
+            agg["rounds"] += s.rounds
+            agg["seconds"] += s.seconds
             for key, values in (("proposed", s.proposed), ("accepted", s.accepted)):
                 row = agg[key]
                 row.extend([0] * (len(values) - len(row)))
@@ -321,7 +324,8 @@ def _report(results: dict[str, ConfigResult], target: Path, draft: Path | None, 
     rows = []
     for r in results.values():
         acc = {name: {"acceptance": round(sum(s["accepted"]) / max(1, sum(s["proposed"])), 4),
-                      "accepted_by_depth": s["accepted"], "proposed_by_depth": s["proposed"]}
+                      "accepted_by_depth": s["accepted"], "proposed_by_depth": s["proposed"],
+                      "rounds": s["rounds"], "propose_seconds": round(s["seconds"], 3)}
                for name, s in r.stages.items()}
         rows.append({"config": r.name, "tok_s": round(r.tok_s, 2),
                      "speedup": round(r.tok_s / base.tok_s, 3) if base and base.tok_s else None,

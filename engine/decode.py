@@ -87,7 +87,7 @@ class Engine:
                 break
             watch.start()
             plan = self.policy.plan(min(self.target.room, self._tree.capacity) - 1)
-            drafted, owed = self._propose(root, plan, sampling, rng)
+            drafted, owed = self._propose(root, plan, sampling, rng, stats.stages)
             tree = self._select(drafted)
             stats.pruned += drafted.n - tree.n
             watch.lap("propose")
@@ -123,11 +123,12 @@ class Engine:
         stats.budget = self.policy.summary()
         yield Finished(Generation("".join(texts), tokens, finish_reason, stats, sources))
 
-    def _propose(self, root: int, plan: Plan, sampling: SamplingParams,
-                 rng: np.random.Generator) -> tuple[DraftTree, float]:
+    def _propose(self, root: int, plan: Plan, sampling: SamplingParams, rng: np.random.Generator,
+                 counted: Sequence[StageStats]) -> tuple[DraftTree, float]:
         """This round's tree from `root`, grown by the plan's stages in order, and the seconds
         its stages spent catching up on rounds they sat out. Every planned stage with room left
-        proposes, and a free stage's time is told to the policy (its worth); a model stage with no
+        proposes, its time counted in `counted` [stage] and, for a free stage, told to the policy
+        (its worth); a model stage with no
         room left ends the round's drafting. The round's arm is charged
         without the catching up: a stage owes it for the tokens, whichever arm runs it next, and
         a stage played every round owes nothing, so an arm probed rarely would otherwise be
@@ -147,8 +148,11 @@ class Engine:
             began = time.perf_counter()
             owed += began - caught
             d.propose(tree, stage, budget, sampling, rng)
+            spent = time.perf_counter() - began
+            counted[stage].rounds += 1
+            counted[stage].seconds += spent
             if not d.uses_model:
-                self.policy.ran(stage, time.perf_counter() - began)
+                self.policy.ran(stage, spent)
         return tree, owed
 
     def _select(self, drafted: DraftTree) -> DraftTree:

@@ -1,6 +1,7 @@
 """Acceptance and timing statistics: first-class output of every generation.
 
-Per stage (drafter): nodes proposed and accepted at each tree depth. Per generation: target calls,
+Per stage (drafter): nodes proposed and accepted at each tree depth, and the rounds it proposed
+in and the time they took. Per generation: target calls,
 tokens, tokens per target call, and wall time per phase of the round.
 """
 from __future__ import annotations
@@ -19,6 +20,8 @@ class StageStats:
     name: str
     proposed: list[int] = field(default_factory=list)   # [depth-1] nodes proposed at that depth
     accepted: list[int] = field(default_factory=list)   # [depth-1] of those, accepted
+    rounds: int = 0                                      # rounds it proposed in
+    seconds: float = 0.0                                 # its propose calls' time, catch-up apart
 
     def _grow(self, depth: int) -> None:
         while len(self.proposed) < depth:
@@ -32,7 +35,8 @@ class StageStats:
 
     def to_dict(self) -> dict:
         return {"name": self.name, "proposed": sum(self.proposed), "accepted": sum(self.accepted),
-                "acceptance": round(self.acceptance, 4),
+                "acceptance": round(self.acceptance, 4), "rounds": self.rounds,
+                "propose_seconds": round(self.seconds, 4),
                 "proposed_by_depth": list(self.proposed), "accepted_by_depth": list(self.accepted)}
 
 

@@ -59,6 +59,7 @@ def test_all_configurations_side_by_side_with_identity_computed(tiny, tiny_promp
     ngram = rows["ngram"]["stages"]["personal-ngram"]
     assert sum(ngram["proposed_by_depth"]) > 0 and sum(ngram["accepted_by_depth"]) > 0
     assert len(ngram["accepted_by_depth"]) == len(ngram["proposed_by_depth"])
+    assert ngram["rounds"] > 0 and ngram["propose_seconds"] > 0   # where the proposing time went
 
 
 def test_pytorch_draft_runs_every_draft_configuration(tiny, tiny_prompts, tiny_store):

@@ -137,3 +137,8 @@ def test_a_round_is_charged_without_the_catching_up_its_stages_owe(tiny):
         session.close()
     assert len(charged) == got.stats.target_calls and got.stats.seconds["propose"] >= slow   # they ran
     assert max(charged) < slow, sorted(charged)[-5:]
+    # each stage's own time is counted apart from what it caught up on
+    stages = got.stats.stages
+    assert all(st.rounds > 0 for st in stages if sum(st.proposed)), [st.to_dict() for st in stages]
+    assert 0 < sum(st.seconds for st in stages) < got.stats.seconds["propose"] - slow
+    assert {"rounds", "propose_seconds"} <= set(stages[0].to_dict())
