@@ -128,11 +128,10 @@ class Engine:
         """This round's tree from `root`, grown by the plan's stages in order, and the seconds
         its stages spent catching up on rounds they sat out. Every planned stage with room left
         proposes, its time counted in `counted` [stage] and, for a free stage, told to the policy
-        (its worth); a model stage with no
-        room left ends the round's drafting. The round's arm is charged
-        without the catching up: a stage owes it for the tokens, whichever arm runs it next, and
-        a stage played every round owes nothing, so an arm probed rarely would otherwise be
-        charged for its absence (a draft head's arms were priced at twice their work, 0024)."""
+        (its worth); a model stage with no room left ends the round's drafting. The round's arm
+        is charged without the catching up: a stage owes it for the tokens, whichever arm runs it
+        next, and a stage played every round owes nothing, so an arm probed rarely would otherwise
+        be charged for its absence (a draft head's arms were priced at twice their work, 0024)."""
         tree = self._tree
         tree.reset(root)
         owed = 0.0

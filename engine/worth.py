@@ -8,12 +8,13 @@ it got accepted per round it ran; a stage runs while those tokens, at the price 
 step, are worth its seconds. A stage that does not pay is tried again now and then, so one that
 starts to pay (a chat turning to what the user wrote before) is noticed: after `EXPLORE` rounds
 times the square of how far it fell short, at most `MAX_INTERVAL` (the schedule of budget.py's
-probes). A round a stage ran whose own tokens paid for its own time (a chat turning to what the
-user wrote before) lets it run the next round too, and so on while that holds: the means alone,
-moved a twentieth a round, would take a dozen such rounds to reopen the gate.
+probes). A round whose stage's own tokens paid for its own time lets it run the next round too,
+and so on while that holds: the means alone, moved a twentieth a round, would take a dozen such
+rounds to reopen the gate.
 """
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 
@@ -71,5 +72,6 @@ class StageWorth:
         seconds, tokens = state.get("seconds"), state.get("tokens")
         n = len(self.seconds)
         if (isinstance(seconds, list) and isinstance(tokens, list) and len(seconds) == n == len(tokens)
-                and all(isinstance(v, (int, float)) and v >= 0 for v in seconds + tokens)):
+                and all(type(v) in (int, float) and math.isfinite(v) and v >= 0
+                        for v in seconds + tokens)):
             self.seconds, self.tokens = [float(v) for v in seconds], [float(v) for v in tokens]

@@ -66,3 +66,16 @@ def test_a_retry_that_pays_keeps_the_stage_running_while_it_pays():
     worth.ran(0, 400e-6)
     worth.credit([True], [0.0])                       # a round that does not pay
     assert worth.tokens[0] * STEP >= worth.seconds[0], "by now the means themselves say it pays"
+
+
+def test_what_a_run_learnt_starts_the_next_and_a_bad_file_is_ignored():
+    worth = StageWorth(2)
+    play(worth, [10e-6, 400e-6], [0.5, 0.0], 300)
+    again = StageWorth(2)
+    again.load(worth.state())
+    assert again.state() == worth.state()
+    for bad in ({"seconds": [1.0], "tokens": [1.0]}, {"seconds": [float("nan"), 0.0], "tokens": [1.0, 1.0]},
+                {"seconds": [True, 0.0], "tokens": [1.0, 1.0]}, {"seconds": "x"}):
+        fresh = StageWorth(2)
+        fresh.load(bad)
+        assert fresh.state() == StageWorth(2).state(), bad
