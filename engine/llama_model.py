@@ -442,16 +442,22 @@ class LlamaModel:
         lc.llama_memory_clear(self._mem, True)
 
     def close(self) -> None:
-        if getattr(self, "_ctx", None):
-            lc.llama_batch_free(self._batch)
-            lc.llama_free(self._ctx)
-            self._ctx = None
-        for chain in getattr(self, "_samplers", ()):
-            lc.llama_sampler_free(chain)
-        self._samplers = []
-        if getattr(self, "_model", None):
-            lc.llama_model_free(self._model)
-            self._model = None
+        """Free what llama.cpp allocated; again (`__del__` at exit) frees nothing twice. Each
+        handle is let go of before it is freed: a Ctrl+C can land between any two lines here (a
+        dropped one is raised again shortly after, app/exits.py), and a handle freed but still
+        held was freed again at exit ("double free or corruption"); one let go of but not
+        freed only leaks until the process ends."""
+        ctx, self._ctx = getattr(self, "_ctx", None), None
+        if ctx:
+            batch, self._batch = self._batch, None
+            lc.llama_batch_free(batch)
+            lc.llama_free(ctx)
+        samplers, self._samplers = getattr(self, "_samplers", []), []
+        while samplers:
+            lc.llama_sampler_free(samplers.pop())
+        model, self._model = getattr(self, "_model", None), None
+        if model:
+            lc.llama_model_free(model)
         if getattr(self, "_exact", None) is not None:
             self._exact, exact = None, self._exact
             exact.__exit__(None, None, None)

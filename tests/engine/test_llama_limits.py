@@ -107,3 +107,42 @@ def test_an_abort_inside_ggml_prints_no_backtrace_on_stdout():
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
     assert run.returncode != 0 and "deliberate abort" in run.stderr
     assert run.stdout == ""
+
+
+def test_a_ctrl_c_inside_close_frees_nothing_twice(tiny, monkeypatch):
+    """A Ctrl+C can land inside `close` (app/exits.py raises a dropped one again shortly after);
+    the `close` that `__del__` runs at exit then freed the batch a second time: "double free or
+    corruption", an abort where `generate` should have exited 130."""
+    import localspec.engine.llama_model as llama_model
+
+    model = LlamaModel(tiny.target_gguf, n_ctx=256)
+    freed: list[str] = []
+    real = llama_model.lc
+
+    class Interrupting:   # llama.cpp's own functions, with a Ctrl+C after the batch is freed
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def llama_batch_free(self, batch):
+            freed.append("batch")
+            if freed.count("batch") == 1:   # a second free would abort the test run itself
+                real.llama_batch_free(batch)
+            raise KeyboardInterrupt
+
+        def llama_free(self, ctx):
+            freed.append("context")
+            real.llama_free(ctx)
+
+        def llama_model_free(self, m):
+            freed.append("model")
+            real.llama_model_free(m)
+
+    monkeypatch.setattr(llama_model, "lc", Interrupting())
+    with pytest.raises(KeyboardInterrupt):
+        model.close()
+    try:
+        model.close()      # what __del__ does at exit
+        model.close()
+    except KeyboardInterrupt:
+        pass               # only where the batch was freed again, which the assert names
+    assert freed == ["batch", "model"], "the context leaks until exit; nothing is freed twice"
