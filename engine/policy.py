@@ -168,9 +168,7 @@ class AdaptivePolicy:
         self.bandit = AdaptiveBudget(arms) if len(arms) > 1 else None
         self._routes = [route(a, stages) for a in arms]
         self._acceptance = prune.AcceptanceModel(len(stages)) if costs is not None else None
-        self._worth = StageWorth(len(stages)) if costs is not None else None
-        self._step = costs.target_cost(1) if costs is not None else 0.0   # a plain step, seconds
-        self._ran = [False] * len(stages)   # this round: the free stages that proposed (worth)
+        self._worth = StageWorth(len(stages), costs.target_cost(1)) if costs is not None else None
         self._kept = DraftTree(capacity=max(2, max(a.nodes for a in arms) + 1))
         self._cost_tables: dict[tuple[int, bool], list[float]] = {}   # by (arm nodes, after plain)
         self._index = 0                # this round's arm
@@ -197,10 +195,8 @@ class AdaptivePolicy:
         plan = _plan(self.arms[self._index], self._routes[self._index], room)
         if self._worth is None:
             return plan
-        for i in range(len(self._ran)):
-            self._ran[i] = False
         free = self._free
-        stages = tuple(s for s in plan.stages if not free[s] or self._worth.runs(s, self._step))
+        stages = tuple(s for s in plan.stages if not free[s] or self._worth.runs(s))
         if stages != plan.stages:
             plan = replace(plan, stages=stages)
         if not free[list(plan.stages)].all():
@@ -211,7 +207,6 @@ class AdaptivePolicy:
     def ran(self, stage: int, seconds: float) -> None:
         """A free stage's propose took `seconds` (its worth's cost)."""
         if self._worth is not None:
-            self._ran[stage] = True
             self._worth.ran(stage, seconds)
 
     def select(self, tree: DraftTree) -> DraftTree:
@@ -248,10 +243,10 @@ class AdaptivePolicy:
             if self._pruned_from is not None:
                 self._acceptance.observe_pruned(*self._pruned_from, tokens, greedy)
         if self._worth is not None:
-            accepted = [0] * len(self._ran)
+            accepted = [0] * len(self._free)
             for node in path:
                 accepted[tree.drafter[node]] += 1
-            self._worth.credit(self._ran, accepted)
+            self._worth.credit(accepted)
         if self.bandit is not None:
             self.bandit.update(self._index, len(tokens), time.perf_counter() - started)
         self._after_plain = tree.n <= 1

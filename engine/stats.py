@@ -1,8 +1,8 @@
 """Acceptance and timing statistics: first-class output of every generation.
 
 Per stage (drafter): nodes proposed and accepted at each tree depth, and the rounds it proposed
-in and the time they took. Per generation: target calls,
-tokens, tokens per target call, and wall time per phase of the round.
+in and the time they took. Per generation: target calls, tokens, tokens per target call, and wall
+time per phase of the round.
 """
 from __future__ import annotations
 

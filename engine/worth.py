@@ -22,22 +22,22 @@ class StageWorth:
     EXPLORE = 16
     MAX_INTERVAL = 512
 
-    def __init__(self, n_stages: int, decay: float = 0.95) -> None:
+    def __init__(self, n_stages: int, step_seconds: float, decay: float = 0.95) -> None:
+        """step_seconds: a plain target step, the price of an accepted token."""
         # plain lists: a round touches two or three numbers, where numpy's per-call overhead
         # would be a visible part of a GPU's plain step
         self.seconds = [0.0] * n_stages
         self.tokens = [1.0] * n_stages      # optimistic until measured
+        self.step = step_seconds
         self.decay = decay
         self.rounds = 0
         self._next_try = [0] * n_stages
-        self._last = [0.0] * n_stages        # seconds of each stage's last propose
+        self._ran: list[float | None] = [None] * n_stages   # this round: seconds of each propose
         self._paid = [False] * n_stages      # its last round's tokens paid for that propose
-        self._step = 0.0                     # the plain step's price `runs` was last given
 
-    def runs(self, stage: int, step_seconds: float) -> bool:
-        """Whether `stage` proposes this round, a plain target step costing `step_seconds`."""
-        self._step = step_seconds
-        worth, cost = self.tokens[stage] * step_seconds, self.seconds[stage]
+    def runs(self, stage: int) -> bool:
+        """Whether `stage` proposes this round."""
+        worth, cost = self.tokens[stage] * self.step, self.seconds[stage]
         if worth >= cost or self._paid[stage]:
             return True
         if self.rounds < self._next_try[stage]:
@@ -48,20 +48,21 @@ class StageWorth:
 
     def ran(self, stage: int, seconds: float) -> None:
         """`stage` proposed this round, in `seconds`."""
-        self._last[stage] = seconds
+        self._ran[stage] = seconds
         if self.seconds[stage] == 0.0:   # the first measurement stands for itself
             self.seconds[stage] = seconds
         else:
             self.seconds[stage] = self.decay * self.seconds[stage] + (1 - self.decay) * seconds
 
-    def credit(self, ran: Sequence[bool], accepted: Sequence[float]) -> None:
-        """End of a round: `ran` [stages] whether each proposed, `accepted` [stages] the tokens
-        each got accepted."""
+    def credit(self, accepted: Sequence[float]) -> None:
+        """End of a round: `accepted` [stages] the tokens each got accepted; the stages that
+        proposed this round (`ran`) are credited."""
         d = self.decay
-        for s, did in enumerate(ran):
-            if did:
+        for s, seconds in enumerate(self._ran):
+            if seconds is not None:
                 self.tokens[s] = d * self.tokens[s] + (1 - d) * float(accepted[s])
-                self._paid[s] = accepted[s] * self._step >= self._last[s] > 0.0
+                self._paid[s] = accepted[s] * self.step >= seconds > 0.0
+                self._ran[s] = None
         self.rounds += 1
 
     def state(self) -> dict:

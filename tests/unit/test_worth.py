@@ -11,17 +11,17 @@ def play(worth: StageWorth, seconds: list[float], tokens: list[float], rounds: i
     """Rounds each stage ran, of the last `rounds` // 2."""
     counts = np.zeros(len(seconds), int)
     for r in range(rounds):
-        ran = np.array([worth.runs(s, STEP) for s in range(len(seconds))])
+        ran = np.array([worth.runs(s) for s in range(len(seconds))])
         for s in np.flatnonzero(ran):
             worth.ran(int(s), seconds[s])
-        worth.credit(ran, np.where(ran, tokens, 0.0))
+        worth.credit(np.where(ran, tokens, 0.0))
         if r >= rounds // 2:
             counts += ran
     return counts
 
 
 def test_a_stage_that_costs_more_than_it_brings_runs_only_to_explore():
-    worth = StageWorth(3)
+    worth = StageWorth(3, STEP)
     # stage 0: 10 us for 0.5 tokens a round (pays); stage 1: 60 us for 0.02 tokens (40 us worth);
     # stage 2: 400 us for the same 0.02 tokens
     costs, tokens = [10e-6, 60e-6, 400e-6], [0.5, 0.02, 0.02]
@@ -33,49 +33,49 @@ def test_a_stage_that_costs_more_than_it_brings_runs_only_to_explore():
 
 
 def test_on_a_slow_machine_the_same_stage_pays():
-    worth = StageWorth(1)
+    worth = StageWorth(1, 69e-3)
     for _ in range(200):                          # a 69 ms CPU step: 0.02 tokens are worth 1.4 ms
-        assert worth.runs(0, 69e-3)
+        assert worth.runs(0)
         worth.ran(0, 400e-6)
-        worth.credit(np.array([True]), np.array([0.02]))
+        worth.credit(np.array([0.02]))
 
 
 def test_a_stage_that_starts_paying_is_noticed_again():
-    worth = StageWorth(1)
+    worth = StageWorth(1, STEP)
     play(worth, [400e-6], [0.0], 320)
-    assert not worth.runs(0, STEP) or worth.rounds % StageWorth.EXPLORE == 0
+    assert not worth.runs(0) or worth.rounds % StageWorth.EXPLORE == 0
     counts = play(worth, [400e-6], [3.0], 320)    # explored rounds now bring 3 tokens
     assert counts[0] > 150
 
 
 def test_a_retry_that_pays_keeps_the_stage_running_while_it_pays():
-    worth = StageWorth(1)
+    worth = StageWorth(1, STEP)
     play(worth, [400e-6], [0.0], 2000)                # settled far below its cost: rare retries
     assert worth.tokens[0] * STEP < worth.seconds[0] / 2, "the means say it does not pay"
-    while not worth.runs(0, STEP):                    # wait for the next retry
-        worth.credit([False], [0.0])
+    while not worth.runs(0):                          # wait for the next retry
+        worth.credit([0.0])
     worth.ran(0, 400e-6)
-    worth.credit([True], [3.0])                       # it brought 3 tokens: 6 ms for 0.4 ms
+    worth.credit([3.0])                               # it brought 3 tokens: 6 ms for 0.4 ms
     runs = 0
     for _ in range(10):                               # and goes on bringing them
-        assert worth.runs(0, STEP)
+        assert worth.runs(0)
         worth.ran(0, 400e-6)
-        worth.credit([True], [3.0])
+        worth.credit([3.0])
         runs += 1
     assert runs == 10
     worth.ran(0, 400e-6)
-    worth.credit([True], [0.0])                       # a round that does not pay
+    worth.credit([0.0])                               # a round that does not pay
     assert worth.tokens[0] * STEP >= worth.seconds[0], "by now the means themselves say it pays"
 
 
 def test_what_a_run_learnt_starts_the_next_and_a_bad_file_is_ignored():
-    worth = StageWorth(2)
+    worth = StageWorth(2, STEP)
     play(worth, [10e-6, 400e-6], [0.5, 0.0], 300)
-    again = StageWorth(2)
+    again = StageWorth(2, STEP)
     again.load(worth.state())
     assert again.state() == worth.state()
     for bad in ({"seconds": [1.0], "tokens": [1.0]}, {"seconds": [float("nan"), 0.0], "tokens": [1.0, 1.0]},
                 {"seconds": [True, 0.0], "tokens": [1.0, 1.0]}, {"seconds": "x"}):
-        fresh = StageWorth(2)
+        fresh = StageWorth(2, STEP)
         fresh.load(bad)
-        assert fresh.state() == StageWorth(2).state(), bad
+        assert fresh.state() == StageWorth(2, STEP).state(), bad
