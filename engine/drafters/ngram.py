@@ -262,10 +262,7 @@ class PersonalNgram:
         levels, weights, rest = [], [], 1.0
         for ctx in ctxs:
             if ctx in unfetched:   # not cached as merged: a later fetch must still find it missing
-                seen = self._session.get(ctx)
-                if not seen:
-                    continue
-                counts = _Counts(dict(seen))
+                counts = _Counts(dict(self._session.get(ctx, {})))
             else:
                 counts = self._counts(ctx)
             if counts.total == 0:
