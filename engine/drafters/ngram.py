@@ -30,8 +30,8 @@ Why it is shaped so:
   probability: the budget goes to the most probable nodes of the whole tree, and a root's most
   likely child comes first. A node's own children are looked up only when its path probability
   tops the heap, so the last nodes grown cost no store lookups.
-* **Only likely nodes query the store.** A store query costs about a tenth of a GPU's plain step
-  with its Python; a node below `fetch_above` path probability grows from what is in memory (the
+* **Only likely nodes query the store.** A store query with its Python is a sizeable share of a
+  GPU's plain step; a node below `fetch_above` path probability grows from what is in memory (the
   context's own n-grams, contexts fetched before). Its children could be accepted at most as
   often as it is, and on new text they nearly never are, while a phrase the user wrote before
   keeps its path probability high and is followed from the store (docs/decisions/0029).
