@@ -44,6 +44,11 @@ if TYPE_CHECKING:
 _BUCKETS = (1, 2, 4, 8, 16, 32)   # rows a step is padded to on a GPU (one CUDA graph each)
 _EXTRA = 4096                     # embedding rows for tokens outside the draft vocabulary
 _TOPK = 4                         # top guesses a step hands back for greedy drafting (>= branching)
+# Queued pairs a round's first step takes along with the root's, in one batch of rows with their
+# outputs; a longer backlog (rounds the head sat out) goes in first by `DraftHead.store`, keys and
+# values alone. A step's cost grows little with its rows up to a graph's size, while attention,
+# MLP and output rows for hundreds of pairs whose outputs nobody reads cost many steps.
+_FOLD = _BUCKETS[-1]
 # The head's cache: the last WINDOW pairs of the committed text (a ring; older ones drop out) and
 # TREE rows for the nodes of a round's tree, the last a scratch row for padding.
 WINDOW, TREE = 1024, 128
@@ -157,6 +162,19 @@ class DraftHead:
         top = logits.topk(min(_TOPK, logits.shape[1]), dim=-1)
         probs = (top.values - logits.logsumexp(-1, keepdim=True)).exp()
         return state, logits, probs, top.indices
+
+    @torch.inference_mode()
+    def store(self, f: torch.Tensor, tokens: Sequence[int], pos: np.ndarray, slots: np.ndarray) -> None:
+        """Pairs whose keys and values alone are wanted (committed text, read by later rows'
+        attention): f [n, d] states before `tokens` [n] at positions `pos` [n], their keys and
+        values into cache rows `slots` [n]. A pair's key and value come from its own inputs alone,
+        so no attention, MLP or output rows run: a fraction of a step, eager."""
+        idx = torch.from_numpy(np.stack([self._slots(tokens), np.asarray(pos, np.int64),
+                                         np.asarray(slots, np.int64)])).to(self.device)
+        u = self.net.inputs(f, self.emb[idx[0]])
+        _, k, v = self.net.qkv(u[None], idx[1][None])
+        self.k[0].index_copy_(0, idx[2], k[0])
+        self.v[0].index_copy_(0, idx[2], v[0])
 
     def _slots(self, tokens: Sequence[int]) -> np.ndarray:
         """Embedding rows of `tokens`, bringing in the rows of tokens outside the draft vocabulary."""
@@ -321,10 +339,11 @@ class HeadDrafter:
             del self._feats[:-WINDOW], self._toks[:-WINDOW], self._pos[:-WINDOW]
 
     def catch_up(self) -> None:
-        """The pairs queued while the head sat out, all but the root's, into its cache (the
-        engine times this apart from the round: decode.py)."""
-        if len(self._toks) > 1:
-            self._insert(len(self._toks) - 1)
+        """A backlog of pairs queued while the head sat out, all but the root's, into its cache
+        (the engine times this apart from the round: decode.py); a short one rides along in the
+        round's first step."""
+        if len(self._toks) - 1 >= _FOLD:
+            self._store(len(self._toks) - 1)
 
     def cost_curve(self, costs: Costs) -> Costs:
         return head_costs(costs, self.head)
@@ -348,27 +367,36 @@ class HeadDrafter:
     def evaluate_root(self, tree: DraftTree) -> Dist:
         """The queued pairs into the ring, the last being the root's: its step's guesses are the
         root's children."""
+        if len(self._toks) > _FOLD:
+            self._store(len(self._toks) - 1)
         p, state, outs = self._insert(len(self._toks))
         self._root_pos = p
         self._state[0] = state[-1].clone()   # a graph's buffer on a GPU: the next step reuses it
         return self._dists(*(o[-1:] for o in outs))[0]
 
-    def _insert(self, n: int) -> tuple[int, torch.Tensor, list[torch.Tensor]]:
-        """The first `n` queued pairs into the ring (causal by position) in one step; (the last
-        one's position, the step's outputs). After rounds the head sat out, hundreds of pairs
-        wait: one step of them all (eager on a GPU past the largest graph), not one per 32 rows
-        with a replay and its host work each."""
+    def _take(self, n: int) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
+        """The first `n` queued pairs, out of the queue and into the ring's bookkeeping: their
+        states on the head's device, tokens and positions."""
         head = self.head
         feats = np.stack(self._feats[:n])
         toks, p = np.asarray(self._toks[:n]), np.asarray(self._pos[:n], np.int64)
         del self._feats[:n], self._toks[:n], self._pos[:n]
-        ring = p % WINDOW
-        self._slot_pos[ring] = p
+        self._slot_pos[p % WINDOW] = p
+        return torch.from_numpy(feats).to(head.device, head.dtype), toks, p
+
+    def _store(self, n: int) -> None:
+        """The first `n` queued pairs into the ring, keys and values alone (`DraftHead.store`)."""
+        f, toks, p = self._take(n)
+        self.head.store(f, toks, p, p % WINDOW)
+
+    def _insert(self, n: int) -> tuple[int, torch.Tensor, list[torch.Tensor]]:
+        """The first `n` queued pairs into the ring (causal by position) in one step; (the last
+        one's position, the step's outputs)."""
+        f, toks, p = self._take(n)
         mask = np.zeros((n, WINDOW + TREE), bool)
         seen = self._slot_pos[None, :]
         mask[:, :WINDOW] = (seen >= 0) & (seen <= p[:, None]) & (seen > p[:, None] - WINDOW)
-        f = torch.from_numpy(feats).to(head.device, head.dtype)
-        state, *outs = head.step(f, toks, p, ring, mask)
+        state, *outs = self.head.step(f, toks, p, p % WINDOW, mask)
         return int(p[-1]), state, outs
 
     def evaluate(self, tree: DraftTree, nodes: Sequence[int]) -> list[Dist]:

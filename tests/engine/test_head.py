@@ -283,3 +283,78 @@ def test_the_heads_cache_gives_what_recomputing_the_window_gives(tiny, tiny_head
     head.v.zero_()
     parts = [causal([0, 1, 2]), causal([3]), causal([4, 5, 6, 7, 8])]
     torch.testing.assert_close(torch.cat(parts), whole, rtol=1e-4, atol=1e-4)
+
+
+def test_pairs_stored_without_outputs_leave_the_cache_a_step_leaves(tiny, tiny_head):
+    """`store` (a backlog's keys and values alone) writes the cache rows a full step of the same
+    pairs writes, so the rows after them attend to the same keys."""
+    import torch
+
+    from localspec.engine.drafters.head import TREE, WINDOW
+
+    head = DraftHead(tiny_head, tiny.target_gguf, n_embd=128, vocab_size=tiny.vocab_size, device="cpu",
+                     dtype=torch.float32)
+    rng = np.random.default_rng(1)
+    n = 40
+    feats = torch.from_numpy(rng.standard_normal((n, 128)).astype(np.float32))
+    toks = rng.integers(0, tiny.vocab_size, n).tolist()   # some outside the draft vocabulary
+    pos = np.arange(500, 500 + n)
+    mask = np.zeros((n, WINDOW + TREE), bool)
+    mask[np.arange(n), pos % WINDOW] = True
+    head.step(feats, toks, pos, pos % WINDOW, mask)
+    stepped = (head.k.clone(), head.v.clone())
+    head.k.zero_()
+    head.v.zero_()
+    head.store(feats, toks, pos, pos % WINDOW)
+    torch.testing.assert_close((head.k, head.v), stepped, rtol=1e-5, atol=1e-5)
+
+
+def test_a_long_backlog_goes_in_by_store_and_drafts_as_before(tiny, tiny_head, monkeypatch):
+    """After rounds the head sat out, the backlog (more pairs than a round's first step takes
+    along) goes in as keys and values alone, and the root's guesses are what one step over the
+    whole backlog gives."""
+    import torch
+
+    from localspec.engine.config import HEAD_LIMITS, SamplingParams
+    from localspec.engine.drafters import head as head_mod
+    from localspec.engine.tree import DraftTree
+
+    dh = DraftHead(tiny_head, tiny.target_gguf, n_embd=128, vocab_size=tiny.vocab_size, device="cpu",
+                   dtype=torch.float32)
+    rng = np.random.default_rng(2)
+    n = head_mod._FOLD + 20
+    states = rng.standard_normal((n, 128)).astype(np.float32)
+    toks = dh.vocab[rng.integers(0, len(dh.vocab), n)].tolist()
+
+    class Source:   # the target's states of the committed text, handed over once
+        def __init__(self):
+            self.given = False
+
+        def new_hidden(self):
+            if self.given:
+                return None
+            self.given = True
+            return 10, states
+
+    def guesses(fold: int):
+        monkeypatch.setattr(head_mod, "_FOLD", fold)
+        dh.k.zero_()
+        dh.v.zero_()
+        drafter = head_mod.HeadDrafter(dh, Source(), HEAD_LIMITS)
+        drafter.begin([0] * 10 + toks)
+        stored = []
+        monkeypatch.setattr(dh, "store", lambda *a, _s=dh.store: (stored.append(len(a[1])), _s(*a)))
+        drafter.catch_up()
+        tree = DraftTree(16)
+        tree.reset(toks[-1])
+        drafter._sampling = SamplingParams()
+        dist = drafter.evaluate_root(tree)
+        monkeypatch.undo()
+        return dist, stored
+
+    by_store, stored = guesses(head_mod._FOLD)
+    assert stored == [n - 1]   # all but the root's pair, keys and values alone
+    by_step, none = guesses(10 ** 6)
+    assert none == []
+    np.testing.assert_array_equal(by_store.ids, by_step.ids)
+    np.testing.assert_allclose(by_store.probs, by_step.probs, rtol=1e-4, atol=1e-5)
