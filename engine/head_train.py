@@ -299,7 +299,7 @@ def _pass_masks(length: int, passes: int, device) -> list:
     return masks
 
 
-def train(corpus: Corpus, target_gguf: Path, out: Path, *, vocab_size: int = 32768,
+def train(corpus: Corpus, target_gguf: Path, out: Path, *, vocab_size: int = 8192,
           steps: int = 3000, batch: int = 32, length: int = 256, passes: int = 3, lr: float = 1e-3,
           feature_weight: float = 0.1, ff: int | None = None, noise: float = 0.0,
           device: str | None = None, seed: int = 0,
@@ -434,7 +434,8 @@ def train(corpus: Corpus, target_gguf: Path, out: Path, *, vocab_size: int = 327
             total = total + weights[j] * F.cross_entropy(logits[j].flatten(0, 1), y.flatten(), ignore_index=-100)
             diff = F.smooth_l1_loss(states[j].float(), H[at[:, 1:]].float(), reduction="none").mean(-1)
             total = total + weights[j] * feature_weight * (diff * valid).sum() / valid.sum().clamp(min=1)
-            hits.append(((logits[j].argmax(-1) == y) & (y >= 0)).sum() / (y >= 0).sum().clamp(min=1))
+            # a choice outside the draft vocabulary is a miss: the head can never draft it
+            hits.append(((logits[j].argmax(-1) == y) & (y >= 0)).sum() / valid.sum().clamp(min=1))
         return total, hits
 
     def held_out() -> list[float]:
