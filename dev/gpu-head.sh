@@ -6,8 +6,8 @@
 # training steps. The target's states are kept in /tmp/corpus.npz (--corpus): a second run with
 # other flags (--ff, --length, more MINUTES) trains on them without reading the text again.
 # Writes HEAD (default /tmp/head.npz); RETURN=1 also puts it under $OUT in 12 MB pieces (a
-# reference-target head of the default shape is 78 MB: two calls, below; `--ff 1536 --draft-vocab
-# 8192` makes one of ~40 MB, the CPU's shape).
+# reference-target head of the default shape is 35 MB: one call; `--ff 6144 --draft-vocab 32768`,
+# the old default, makes one of 78 MB: two calls, below).
 # Run it in the background and poll (dev/README.md): training outlasts a call.
 set -euo pipefail
 source "$(dirname "$0")/gpu-env.sh"
