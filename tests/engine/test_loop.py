@@ -17,7 +17,7 @@ from test_cascade import PROMPT
 from test_greedy_equality import PROMPTS as GREEDY_PROMPTS
 
 CURVE = {1: 1e-3, 2: 1.02e-3, 4: 1.05e-3, 8: 1.1e-3, 16: 1.3e-3, 32: 1.6e-3}   # GPU-like: flat
-DRAFT = {1: 4e-4, 2: 4.2e-4, 4: 4.5e-4, 8: 5e-4}   # a draft model: not cheap (Costs.cheap_draft)
+DRAFT = {1: 1e-4, 2: 1.1e-4, 4: 1.2e-4, 8: 1.3e-4}
 MAX_TOKENS = 120
 # (the tiny models are trained on each machine, and where their continuations end differs: the
 # last prompt ran longest of those tried on a machine where the others all ended within 16 rounds)
