@@ -45,19 +45,16 @@ class AdaptiveBudget:
     # the free arm's estimate alone, and the free arm was played far less than it paid.
     CHEAP_EVERY = 8
     # A probe of an arm without models plays it this many rounds in a row: one round says little
-    # (a free round that verified a guess yields 1 token or several). So does a probe of a model
-    # arm whose model drafts cheaply (`cheap_models`: a draft head), and such an arm is first
-    # measured by a burst too: one unlucky first round of a head's arms left them unplayed for a
-    # whole run (docs/decisions/0030). A draft model's arm is probed one round at a time: its
-    # rounds cost several plain steps each, so bursts of them cost more than they told.
+    # (a free round that verified a guess yields 1 token or several). A draft arm's probe stays
+    # one round: its rounds cost several plain steps each, so bursts of them cost more than they
+    # told.
     PROBE_ROUNDS = 4
 
     def __init__(self, arms: tuple[Arm, ...], explore_every: int = 64, decay: float = 0.98,
-                 max_interval: int = 2048, cheap_models: bool = False) -> None:
+                 max_interval: int = 2048) -> None:
         if not arms:
             raise ValueError("at least one arm")
         self.arms = arms
-        self.cheap_models = cheap_models
         self.explore_every = explore_every
         self.decay = decay
         self.max_interval = max_interval
@@ -80,15 +77,13 @@ class AdaptiveBudget:
     def choose(self) -> int:
         """Index of the arm to play this round."""
         self._round += 1
+        for arm, plays in enumerate(self._plays):   # measure every arm once first
+            if plays == 0:
+                return arm
         arm, left = self._burst
         if left > 0:
             self._burst = (arm, left - 1)
             return arm
-        for arm, plays in enumerate(self._plays):   # measure every arm once first
-            if plays == 0:
-                if self.cheap_models and self.arms[arm].drafts_with_models:
-                    self._burst = (arm, self.PROBE_ROUNDS - 1)
-                return arm
         best = self._best()
         due = [a for a in range(len(self.arms)) if a != best and self._next_probe[a] <= self._round]
         if due:
@@ -97,7 +92,7 @@ class AdaptiveBudget:
             every = (self.CHEAP_EVERY if self.arms[best].drafts_with_models
                      and not self.arms[arm].drafts_with_models else self.explore_every)
             self._next_probe[arm] = self._round + min(self.max_interval, int(every * ratio * ratio))
-            if self.cheap_models or not self.arms[arm].drafts_with_models:   # else one round only
+            if not self.arms[arm].drafts_with_models:   # a model arm's probe: one round only
                 self._burst = (arm, self.PROBE_ROUNDS - 1)
             return arm
         return best

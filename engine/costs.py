@@ -21,11 +21,6 @@ from .budget import Arm
 from .native import MULTICOL_MIN, TILED_MIN
 
 OPTIMISTIC = 0.9      # per-token acceptance assumed when asking "could this budget ever win?"
-# A model drafter whose one-row step is at most this part of the target's is cheap: a round it
-# drafts costs about what a free round of the same tree costs, so its arms are measured and
-# probed in bursts as free arms are (budget.py). A draft head steps in 0.07 of the target's step
-# on a 2-core CPU and 0.26 on an H200, a 0.5B draft model in ~0.7 (docs/decisions/0030).
-CHEAP_DRAFT = 1 / 3
 
 
 @dataclass(frozen=True)
@@ -86,11 +81,6 @@ class Costs:
 
     def draft_cost(self, n: int) -> float:
         return self._at(self._rising[1], n) if self.draft else 0.0
-
-    @property
-    def cheap_draft(self) -> bool:
-        """A model drafter is measured and it steps in at most CHEAP_DRAFT of a target step."""
-        return bool(self.draft) and self.draft_cost(1) <= CHEAP_DRAFT * self.target_cost(1)
 
     def best_case_rate(self, arm: Arm, width: int, max_depth: int) -> float:
         """Tokens per second of `arm` if drafts were accepted at OPTIMISTIC along a chain."""

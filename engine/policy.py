@@ -165,8 +165,7 @@ class AdaptivePolicy:
         self.dropped = dropped
         self.shapes = shapes
         self.costs = costs
-        self.bandit = (AdaptiveBudget(arms, cheap_models=costs is not None and costs.cheap_draft)
-                       if len(arms) > 1 else None)
+        self.bandit = AdaptiveBudget(arms) if len(arms) > 1 else None
         self._routes = [route(a, stages) for a in arms]
         self._acceptance = prune.AcceptanceModel(len(stages)) if costs is not None else None
         self._worth = StageWorth(len(stages), costs.target_cost(1)) if costs is not None else None

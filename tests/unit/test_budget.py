@@ -87,31 +87,3 @@ def test_while_a_model_arm_leads_the_free_arm_is_probed_often(monkeypatch):
     assert stretch_end(64)[0] > 190           # the usual schedule: still on the draft's arm
 
 
-
-
-def test_a_cheap_models_arms_are_measured_and_probed_in_bursts():
-    """Arms of a model that drafts cheaply (a draft head) are first measured, and later probed,
-    PROBE_ROUNDS rounds in a row, as free arms are probed; a draft model's arms one round at a
-    time (its rounds cost several plain steps each)."""
-    arms = (Arm(32, models=False), Arm(4), Arm(8))
-    rates = {arms[0]: 500.0, arms[1]: 300.0, arms[2]: 250.0}
-
-    def model_runs(cheap: bool) -> tuple[list[Arm], list[int]]:
-        ctrl = AdaptiveBudget(arms, cheap_models=cheap)
-        chosen = play(ctrl, rates, 2000)
-        runs, length = [], 0
-        for i, arm in enumerate(chosen):
-            length += 1
-            if i + 1 == len(chosen) or chosen[i + 1] != arm:
-                if arm.models:
-                    runs.append(length)
-                length = 0
-        return chosen, runs
-
-    chosen, runs = model_runs(cheap=True)
-    burst = AdaptiveBudget.PROBE_ROUNDS
-    assert chosen[:1 + 2 * burst] == [arms[0]] + [arms[1]] * burst + [arms[2]] * burst
-    assert len(runs) > 4 and set(runs) == {burst}
-    chosen, runs = model_runs(cheap=False)
-    assert chosen[:3] == list(arms)
-    assert len(runs) > 4 and set(runs) == {1}

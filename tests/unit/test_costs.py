@@ -19,11 +19,3 @@ def test_a_batch_costs_no_less_than_a_smaller_one():
     assert costs.draft_cost(2) == 0.5 and costs.draft_cost(3) == pytest.approx(0.55)
     assert costs.target == MEASURED, "what was measured is kept as measured"
     assert costs.to_dict()["target_ms"][2] == pytest.approx(1520.0)
-
-
-def test_a_draft_head_is_cheap_and_a_draft_model_is_not():
-    cpu = {1: 52.7, 4: 72.2, 8: 94.8}
-    assert Costs(cpu, {1: 3.6, 8: 4.1}).cheap_draft                # a head on a 2-core CPU
-    assert not Costs(cpu, {1: 37.0, 8: 60.0}).cheap_draft          # a 0.5B draft model: ~0.7
-    assert not Costs(cpu, {}).cheap_draft                          # no model drafter measured
-    assert Costs(MEASURED, {1: 0.445, 8: 0.537}).cheap_draft       # a head on an H200: 0.27
