@@ -15,7 +15,9 @@ message, so that no path ends in a raw traceback.
 * An OSError the commands did not turn into a LocalspecError is the machine's (permissions, a
   read-only or full disk): its one-line cause and a fix, exit 2. Running out of memory likewise.
 * Anything else is a bug: "this is a bug" with the one-line cause, exit 2. LOCALSPEC_DEBUG=1
-  prints the traceback as well, for a report.
+  prints the traceback as well, for a report. Except after a Ctrl+C: an interrupt that lands
+  inside C code (an extension module's import) can come out as another error, so any error once
+  a Ctrl+C has arrived ends as the Ctrl+C does.
 """
 from __future__ import annotations
 
@@ -45,10 +47,22 @@ _OS_FIXES = {
 }
 
 
+_CTRL_C = threading.Event()    # a Ctrl+C arrived during this command
+
+
+def _note_ctrl_c(signum, frame) -> None:
+    """Python's own SIGINT handler (raise KeyboardInterrupt), noting that one arrived."""
+    _CTRL_C.set()
+    raise KeyboardInterrupt
+
+
 def run_command(body: Callable[[], int]) -> int:
     """Run a command's body and return its exit status, whatever ends it (the module docstring)."""
     _prepare_std_streams()
     sys.unraisablehook = _redeliver_interrupts(sys.unraisablehook)
+    _CTRL_C.clear()
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:   # not where it is ignored
+        signal.signal(signal.SIGINT, _note_ctrl_c)
     try:
         # first, so that llama.cpp loads before numpy; inside the guard, as a Ctrl+C may come
         # while it loads
@@ -58,9 +72,7 @@ def run_command(body: Callable[[], int]) -> int:
         except LocalspecError as err:
             return _fail(err.render())
     except KeyboardInterrupt:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)   # a second Ctrl+C while exiting: no traceback
-        _say("\ninterrupted")
-        return EXIT_INTERRUPTED
+        return _interrupted()
     except BrokenPipeError:
         _silence_stdout()
         return 0
@@ -73,6 +85,8 @@ def run_command(body: Callable[[], int]) -> int:
                              _OS_FIXES.get(err.errno, "Check that path and its permissions, "
                                                       "then run the command again")))
     except Exception as err:   # the last resort this module exists for: a bug, said as one
+        if _CTRL_C.is_set():   # unless a Ctrl+C came first: an interrupted import, say
+            return _interrupted()
         if os.environ.get(DEBUG_VAR) == "1":
             traceback.print_exc()
         last = traceback.extract_tb(err.__traceback__)[-1:]
@@ -80,6 +94,12 @@ def run_command(body: Callable[[], int]) -> int:
         return _fail(_render("Unexpected failure: this is a bug in localspec",
                              f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}{at}",
                              f"Run it again with {DEBUG_VAR}=1 for the traceback, and report it"))
+
+
+def _interrupted() -> int:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # a second Ctrl+C while exiting: no traceback
+    _say("\ninterrupted")
+    return EXIT_INTERRUPTED
 
 
 def quiet_uncaught_interrupts() -> None:

@@ -246,6 +246,33 @@ def test_ctrl_c_inside_a_c_callback_is_not_dropped():
     assert "Exception ignored" not in err and "Traceback" not in err, err
 
 
+CONVERTED_INTERRUPT = """
+import os, signal, sys
+from localspec.app.exits import run_command
+
+def body():
+    try:                                      # a Ctrl+C inside code that turns it into another error
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(10 ** 7):
+            pass
+    except KeyboardInterrupt:
+        raise RuntimeError("half-initialised module") from None
+    return 0
+
+sys.exit(run_command(body))
+"""
+
+
+def test_an_error_after_ctrl_c_ends_as_the_ctrl_c():
+    """A Ctrl+C landing inside an extension module's import can surface as another error (seen
+    once in numpy's); once a Ctrl+C has arrived, any error ends the command as the Ctrl+C does."""
+    proc = subprocess.run([sys.executable, "-c", CONVERTED_INTERRUPT], capture_output=True,
+                          timeout=QUICK_S)
+    err = stderr_of(proc)
+    assert proc.returncode == 130 and "interrupted" in err, err
+    assert "bug" not in err and "Traceback" not in err, err
+
+
 # ---- other failures: a message, never a traceback ---------------------------------------------
 def test_unexpected_error_says_bug_and_debug_shows_traceback():
     script = ("import sys; from localspec.app.exits import run_command; "
