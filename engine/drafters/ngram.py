@@ -261,10 +261,8 @@ class PersonalNgram:
                 unfetched = missing
         levels, weights, rest = [], [], 1.0
         for ctx in ctxs:
-            if ctx in unfetched:   # not cached as merged: a later fetch must still find it missing
-                counts = _Counts(dict(self._session.get(ctx, {})))
-            else:
-                counts = self._counts(ctx)
+            # an unfetched context is not kept as merged: a later fetch must still find it missing
+            counts = self._counts(ctx, keep=ctx not in unfetched)
             if counts.total == 0:
                 continue
             lam = counts.total / (counts.total + len(counts.count)) if ctx else 1.0
@@ -273,13 +271,16 @@ class PersonalNgram:
             rest *= 1.0 - lam
         return levels, weights
 
-    def _counts(self, ctx: tuple[int, ...]) -> _Counts:
+    def _counts(self, ctx: tuple[int, ...], keep: bool = True) -> _Counts:
+        """The store's and this session's counts after `ctx`, kept as merged unless `keep` is False."""
         counts = self._merged.get(ctx)
         if counts is None:
             merged = dict(self._stored.get(ctx, ()))
             for t, c in self._session.get(ctx, {}).items():
                 merged[t] = merged.get(t, 0) + c
-            counts = self._merged[ctx] = _Counts(merged)
+            counts = _Counts(merged)
+            if keep:
+                self._merged[ctx] = counts
         return counts
 
 
