@@ -342,7 +342,7 @@ class HeadDrafter:
         """A backlog of pairs queued while the head sat out, all but the root's, into its cache
         (the engine times this apart from the round: decode.py); a short one rides along in the
         round's first step."""
-        if len(self._toks) - 1 >= _FOLD:
+        if len(self._toks) > _FOLD:
             self._store(len(self._toks) - 1)
 
     def cost_curve(self, costs: Costs) -> Costs:
@@ -366,9 +366,7 @@ class HeadDrafter:
 
     def evaluate_root(self, tree: DraftTree) -> Dist:
         """The queued pairs into the ring, the last being the root's: its step's guesses are the
-        root's children."""
-        if len(self._toks) > _FOLD:
-            self._store(len(self._toks) - 1)
+        root's children (a long backlog went in by `catch_up`, which the engine calls first)."""
         p, state, outs = self._insert(len(self._toks))
         self._root_pos = p
         self._state[0] = state[-1].clone()   # a graph's buffer on a GPU: the next step reuses it
