@@ -1,12 +1,13 @@
-"""packaging/patches' CUDA multi-column kernels (ggml-cuda's mmvq-mma.cu: Q4_K and Q6_K weights
-times 2..16 columns on int8 tensor cores) against ggml's own CUDA kernels (mul_mat_vec_q up to 8
-columns, mul_mat_q from 9), on random data, every width 1..16. Runs where llama.cpp has a CUDA
-backend and a GPU (the GPU host: `dev/gpu-kernels.sh`); skipped elsewhere.
+"""packaging/patches' CUDA multi-column kernels (ggml-cuda's mmvq-mma.cu: Q4_K, Q5_K, Q6_K, Q8_0
+and Q4_0 weights times 2..16 columns on int8 tensor cores) against ggml's own CUDA kernels
+(mul_mat_vec_q up to 8 columns, mul_mat_q from 9), on random data, every width 1..16. Runs where
+llama.cpp has a CUDA backend and a GPU (the GPU host: `dev/gpu-kernels.sh`); skipped elsewhere.
 
 The kernels' switches are read once per process, so each setting runs in a process of its own
 (tests/ggml_cuda.py). Up to 8 columns ggml's kernel quantizes the columns to q8_1 and sums as the
-kernels do, in another order; from 9 ggml's mul_mat_q takes Q4_K's min term from the unquantized
-columns' sums, where both mul_mat_vec_q and the kernels sum the quantized codes."""
+kernels do, in another order; from 9 ggml's mul_mat_q takes Q4_K's and Q5_K's min term from the
+unquantized columns' sums, where both mul_mat_vec_q and the kernels sum the quantized codes, and
+Q4_0's 8 from the codes, where both take it from the q8_1 block's unquantized sum."""
 from __future__ import annotations
 
 import os
@@ -19,21 +20,30 @@ import pytest
 
 import ggml_cuda
 
-Q4_K, Q6_K = 12, 14   # enum ggml_type
+Q4_0, Q8_0, Q4_K, Q5_K, Q6_K = 2, 8, 12, 13, 14   # enum ggml_type
+NAMES = {Q4_0: "Q4_0", Q8_0: "Q8_0", Q4_K: "Q4_K", Q5_K: "Q5_K", Q6_K: "Q6_K"}
 COLS = 16
 # the kernels against ggml's mul_mat_vec_q (1..8 columns), relative to the output's scale: float
 # summation order
 TOLERANCE = 2e-5
-# against ggml's mul_mat_q (9..16): Q4_K's min term from the unquantized columns' sums, each within
-# half a quantization step a code of the codes' sums
+# against ggml's mul_mat_q (9..16): Q4_K's and Q5_K's min term from the unquantized columns' sums
+# (Q4_0's 8: the other way round), each within half a quantization step a code of the codes' sums
 TOLERANCE_MMQ = 1e-2
 # ggml's result against the float product of the unquantized inputs: a sanity bound on the reference
 QUANTIZATION_ERROR = 0.1
+# the same bound for Q4_0, whose step (a block's largest |weight| / 8, no min to centre the codes
+# on the block's range) is the coarsest of these types': random weights' rounding alone comes near
+# the bound above
+QUANTIZATION_ERROR_Q4_0 = 0.15
 
 # (type, row length, rows): rows not a multiple of the kernels' 16, row lengths of the reference
-# target's matrices (1536, 8960) and a short one
+# target's matrices (1536, 8960) and a short one (Q8_0/Q4_0: 3 blocks, a chunk count that 2 and 4
+# chunks in flight do not divide)
 CASES = [(Q4_K, 1536, 200), (Q6_K, 1536, 200), (Q4_K, 8960, 40), (Q6_K, 8960, 40),
-         (Q4_K, 256, 1000), (Q6_K, 512, 1000)]
+         (Q4_K, 256, 1000), (Q6_K, 512, 1000),
+         (Q5_K, 1536, 200), (Q8_0, 1536, 200), (Q4_0, 1536, 200),
+         (Q5_K, 8960, 40), (Q8_0, 8960, 40), (Q4_0, 8960, 40),
+         (Q5_K, 256, 1000), (Q8_0, 96, 1000), (Q4_0, 96, 1000)]
 
 pytestmark = pytest.mark.skipif(not ggml_cuda.available(),
                                 reason="needs llama.cpp's CUDA backend and a GPU")
@@ -61,15 +71,16 @@ def _inputs(kind: int, k: int, rows: int) -> tuple[np.ndarray, np.ndarray]:
     return weights, acts
 
 
-@pytest.mark.parametrize("kind,k,rows", CASES, ids=[f"{'Q4_K' if c[0] == Q4_K else 'Q6_K'}-{c[1]}x{c[2]}" for c in CASES])
+@pytest.mark.parametrize("kind,k,rows", CASES, ids=[f"{NAMES[c[0]]}-{c[1]}x{c[2]}" for c in CASES])
 def test_cuda_multicol_matches_ggml_at_every_width_and_columns_agree_across_widths(tmp_path, kind, k, rows):
     weights, acts = _inputs(kind, k, rows)
     stock = _run(tmp_path, kind, weights, acts, "stock", max="0")
     assert stock["calls"] in (0, -1), "the kernels ran although switched off"
     unquantized = acts @ weights.T
     scale = float(np.abs(unquantized).max())
+    sanity = QUANTIZATION_ERROR_Q4_0 if kind == Q4_0 else QUANTIZATION_ERROR
     for n in range(1, COLS + 1):
-        assert np.abs(stock[f"w{n}"] - unquantized[:n]).max() <= QUANTIZATION_ERROR * scale
+        assert np.abs(stock[f"w{n}"] - unquantized[:n]).max() <= sanity * scale
     # each number of a warp's chunks in flight is its own kernel
     for inflight in ("1", "2", "4"):
         kernels = _run(tmp_path, kind, weights, acts, f"inflight{inflight}", inflight=inflight)
@@ -84,7 +95,7 @@ def test_cuda_multicol_matches_ggml_at_every_width_and_columns_agree_across_widt
                 assert np.array_equal(got, widest[:n]), f"a column's output changed at {n} columns"
 
 
-@pytest.mark.parametrize("kind", [Q4_K, Q6_K], ids=["Q4_K", "Q6_K"])
+@pytest.mark.parametrize("kind", list(NAMES), ids=list(NAMES.values()))
 def test_cuda_multicol_adds_a_bias_row_in_its_store_with_the_bits_of_a_separate_add(tmp_path, kind):
     """ggml fuses a bias add into its mat-vec for one column only; the kernels take it for their
     widths: the product, then the bias, as ggml's add would give them."""
