@@ -29,6 +29,9 @@ TOLERANCE = 2e-5
 # against ggml's mul_mat_q (9..16): Q4_K's and Q5_K's min term from the unquantized columns' sums
 # (Q4_0's 8: the other way round), each within half a quantization step a code of the codes' sums
 TOLERANCE_MMQ = 1e-2
+# Q4_0 against mul_mat_q: its -8 a code, times the difference of the q8_1 sums, at Q4_0's coarser
+# step (measured up to 1.16e-2 on an H200, where the same kernels match mul_mat_vec_q at 2e-5)
+TOLERANCE_MMQ_Q4_0 = 2e-2
 # ggml's result against the float product of the unquantized inputs: a sanity bound on the reference
 QUANTIZATION_ERROR = 0.1
 # the same bound for Q4_0, whose step (a block's largest |weight| / 8, no min to centre the codes
@@ -89,7 +92,7 @@ def test_cuda_multicol_matches_ggml_at_every_width_and_columns_agree_across_widt
         for n in range(1, COLS + 1):
             reference, got = stock[f"w{n}"], kernels[f"w{n}"]
             err = float(np.abs(got - reference).max()) / scale
-            bound = TOLERANCE if n <= 8 else TOLERANCE_MMQ
+            bound = TOLERANCE if n <= 8 else TOLERANCE_MMQ_Q4_0 if kind == Q4_0 else TOLERANCE_MMQ
             assert err <= bound, f"{inflight} in flight, {n} columns: {err:.2e} of the output's scale from ggml's"
             if n >= 2:   # one column keeps ggml's kernel
                 assert np.array_equal(got, widest[:n]), f"a column's output changed at {n} columns"
