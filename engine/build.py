@@ -31,7 +31,7 @@ from typing import Any, Sequence
 
 from .calibrate import Progress, calibrate, learnt_path, read_json
 from .costs import Costs
-from .config import HEAD_CONTEXT, TreeBudget
+from .config import HEAD_CONTEXT, HEAD_MAX_STEP_SHARE, TreeBudget
 from .decode import Engine
 from .drafters import registry
 from .drafters.base import Drafter
@@ -59,7 +59,7 @@ def with_head(options: Options) -> Options:
     from localspec.models.heads import head_for
 
     found = head_for(options.model)
-    return options if found is None else replace(options, head=found)
+    return options if found is None else replace(options, head=found, head_found=True)
 
 
 def _unusable_installed_head(err: LocalspecError, path: Path) -> LocalspecError:
@@ -113,6 +113,7 @@ class Loaded:
     model: LlamaModel
     parts: registry.Parts      # the target, the draft model, the PyTorch draft, the head, the store
     costs: Costs | None        # the calibration (None: not measured)
+    head_left_out: str | None = None   # why the installed head was left out on this machine
     _curves: dict[tuple[str, ...], Costs] = field(default_factory=dict, repr=False)
 
     @property
@@ -216,6 +217,12 @@ def load(options: Options, names: Sequence[str], *, measure: bool, refresh: bool
                 raise
         costs = (calibrate(model, gguf, nodes, refresh=refresh, progress=progress)
                  if measure else None)
+        left_out = None
+        if head is not None and options.head_found and costs is not None:
+            left_out = _head_too_dear(head, costs)
+            if left_out:
+                head = None
+                model.stop_hidden()
     except BaseException:
         for resource in reversed(opened):
             resource.close()
@@ -228,7 +235,19 @@ def load(options: Options, names: Sequence[str], *, measure: bool, refresh: bool
                            draft_limits=options.draft_limits, head_limits=options.head_limits,
                            draft_stable=draft_stable,
                            draft_path=Path(options.draft) if options.draft else None)
-    return Loaded(options, model, parts, costs)
+    return Loaded(options, model, parts, costs, left_out)
+
+
+def _head_too_dear(head, costs: Costs) -> str | None:
+    """Why the installed `head` sits out on this machine, or None: its one-row step, measured
+    now, costs more than HEAD_MAX_STEP_SHARE of the target's calibrated one."""
+    from .drafters.head import head_costs
+
+    share = head_costs(costs, head).draft_cost(1) / costs.target_cost(1)
+    if share <= HEAD_MAX_STEP_SHARE:
+        return None
+    return (f"its step costs {share:.0%} of the model's here (at most {HEAD_MAX_STEP_SHARE:.0%} "
+            f"pays); --head {head.path} uses it anyway")
 
 
 @dataclass
@@ -270,6 +289,8 @@ def build(options: Options, progress: Progress | None = None) -> Built:
     check_exact_tree(options)
     loaded = load(options, names, measure=bool(names) and options.budget.adaptive and options.calibrate,
                   progress=progress)
+    if loaded.head_left_out:
+        names = tuple(n for n in names if n != "head")
     stages: list[Drafter] = []
     try:
         stages = loaded.stages(names)

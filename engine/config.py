@@ -85,6 +85,11 @@ class DraftLimits:
 # A draft head (drafters/head.py) steps in a fraction of a target call: deep trees, best-first, one
 # step a layer. (More children a node and more nodes a step grew trees no deeper, only wider.)
 HEAD_LIMITS = DraftLimits(max_depth=8, branching=2, width=4, chain=0)
+# A head found installed for the target (not named with --head) drafts only where its one-row step
+# costs at most this share of the target's: a head round runs a step per tree level before the
+# verify, and where steps cost more the head's rounds returned less than they cost, while the
+# target still paid for handing back its hidden states every call (docs/decisions/0031).
+HEAD_MAX_STEP_SHARE = 0.15
 # A prompt's last tokens whose target states the head reads (its context when a generation
 # starts; later the generated text's): each is an output row of logits in the prefill.
 HEAD_CONTEXT = 128

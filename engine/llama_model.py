@@ -365,6 +365,12 @@ class LlamaModel:
             raise RuntimeError(f"no hidden state for batch row {i} ({last_log()})")
         return np.ctypeslib.as_array(ptr, shape=(self.n_embd,))
 
+    def stop_hidden(self) -> None:
+        """From now on decode without hidden states, as if opened without them (a draft head
+        left out after loading): llama.cpp no longer outputs every batch row."""
+        lc.llama_set_embeddings(self._ctx, False)
+        self.hidden = False
+
     def hidden_rows(self) -> np.ndarray:
         """[n_outputs, n_embd] float32: every row's final hidden state of the last decode (with
         hidden states llama.cpp outputs every batch row, padding included), one zero-copy view,

@@ -105,6 +105,8 @@ class Options:
                                        # in the draft model's place; None: the head installed for
                                        # the target (models/heads.py), if any (build.with_head)
     use_head: bool = True              # False: no head, not even the one installed for the target
+    head_found: bool = False           # `head` is the installed one build.with_head found (not named):
+                                       # it drafts only where its step is cheap enough (build.load)
     use_draft: bool = True             # False: no draft model, not even an installed model's own
     torch_draft: bool = False          # run a .gguf draft in PyTorch (a folder always is)
     speculation: bool = True

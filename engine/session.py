@@ -47,6 +47,8 @@ class Session:
         self.model, self.stages, self.costs = built.model, built.stages, built.costs
         self.engine, self.store, self.head = built.engine, built.store, built.head
         self._learnt_path = built.learnt_path
+        # why the head installed for the target sits out on this machine (build.load), or None
+        self.head_left_out = built.loaded.head_left_out
 
     def chat_prompt(self, messages: Sequence[dict],
                     should_stop: Callable[[], bool] | None = None) -> list[int]:

@@ -109,6 +109,39 @@ def test_a_trained_head_is_found_for_its_target_and_drafts(data, tiny, tiny_head
     assert sum(sum(s.proposed) for s in got.stats.stages if s.name == "head") > 0
 
 
+@pytest.mark.parametrize("share", [0.0, 1e9])
+def test_an_installed_head_drafts_only_where_its_step_costs_little_beside_the_models(
+        data, tiny, tiny_head, monkeypatch, share):
+    """The installed head's step, measured at load, against the target's calibrated one: over
+    HEAD_MAX_STEP_SHARE the head is left out, the target stops handing back hidden states and
+    the run goes on without it, saying how to use it anyway; a head named with --head is used
+    whatever its step costs."""
+    from localspec.engine import build as build_mod
+    from localspec.engine.session import Session
+
+    monkeypatch.setattr(build_mod, "HEAD_MAX_STEP_SHARE", share)
+    installed = heads.default_head_path(tiny.target_gguf)
+    installed.parent.mkdir(parents=True)
+    shutil.copyfile(tiny_head, installed)
+    kept = share > 1
+    texts = []
+    for named in (None, tiny_head):
+        session = Session(Options(tiny.target_gguf, head=named, n_ctx=256, n_threads=1, maxgram=False,
+                                  personal=False, budget=TreeBudget(8, adaptive=True)))
+        try:
+            uses = kept or named is not None
+            assert ("head" in [s.name for s in session.stages]) == uses
+            assert session.model.hidden == uses
+            assert (session.head_left_out is None) == uses
+            if not uses:
+                assert f"--head {installed}" in session.head_left_out
+            got = session.run(session.raw_prompt("def add_3(x):\n"), max_tokens=16)
+        finally:
+            session.close()
+        texts.append(got.text)
+    assert texts[0] == texts[1] and texts[0].strip()   # with the head or without, greedy text is the model's
+
+
 def test_head_train_installs_the_head_for_an_installed_model_by_default(data, tiny, tmp_path, capsys,
                                                                         monkeypatch):
     from localspec.app.cli import build_parser
