@@ -220,9 +220,10 @@ def load(options: Options, names: Sequence[str], *, measure: bool, refresh: bool
         left_out = None
         if head is not None and options.head_found and costs is not None:
             left_out = _head_too_dear(head, costs)
-            if left_out:
+            if left_out:   # the run's costs are the target's without hidden states (cached apart)
                 head = None
                 model.stop_hidden()
+                costs = calibrate(model, gguf, nodes, refresh=refresh, progress=progress)
     except BaseException:
         for resource in reversed(opened):
             resource.close()
