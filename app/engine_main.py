@@ -223,7 +223,7 @@ def ready_event(session: Session) -> Ready:
                 layers = min(layers, int(blocks))
             device = f"GPU ({gpu})"
     return Ready(str(model.path), str(session.cfg.draft) if session.cfg.draft else None, device,
-                 layers, [d.name for d in session.stages])
+                 layers, [d.name for d in session.stages], session.head_left_out)
 
 
 def _claim_stdout() -> IO[str]:

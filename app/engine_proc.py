@@ -42,6 +42,7 @@ class Ready:
     device: str                 # "CPU" or "GPU (<name>)"
     gpu_layers: int             # layers offloaded to the GPU (0 on CPU)
     stages: list[str]           # drafters, cheapest first; [] without speculation
+    head_left_out: str | None = None   # why the model's installed draft head sits out here
 
 
 @dataclass(frozen=True)

@@ -86,7 +86,8 @@ class ReplyStream:
             self.refresh_status()
         elif isinstance(event, Ready):
             self.ready, self.engine_state, self.last_stats = event, "", None   # a new engine
-            self.show_notice("")
+            self.show_notice(f"The draft head sits out on this machine: {event.head_left_out}."
+                             if event.head_left_out else "")
             self.refresh_status()
         elif isinstance(event, Crashed):
             self.ready, self.engine_state = None, "engine stopped"

@@ -1,7 +1,10 @@
 """Pilot tests of the chat's status bar (scripted engine): a first run's calibration is shown as it
 goes, the speed-up against plain decoding waits until it rests on enough rounds, and a new engine
-(a restart, another model) never shows the figures of the one before."""
+(a restart, another model) never shows the figures of the one before; an engine whose installed
+draft head sits out on this machine says why."""
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 from tui_support import DEMO_READY, DEMO_STATS, SPEC, ScriptedEngine, demo_history, submit_prompt
@@ -72,6 +75,18 @@ async def test_a_first_runs_calibration_shows_in_the_status_bar_until_ready(tmp_
         await ticks(pilot)
         assert "Measuring" not in status(app)
         assert "qwen2.5-coder-7b-instruct-q4_k_m.gguf" in status(app)
+
+
+async def test_an_engine_whose_installed_head_sits_out_says_why(tmp_path):
+    reason = "its step costs 25% of the model's here (at most 15% pays); --head /h.npz uses it anyway"
+    app = app_with(tmp_path, [replace(DEMO_READY, head_left_out=reason)])
+    async with app.run_test(size=SIZE) as pilot:
+        await ticks(pilot)
+        notice = app.chat.query_one("#notice")
+        assert notice.display and f"The draft head sits out on this machine: {reason}." in str(notice.render())
+        app.engine.inject(DEMO_READY)              # another engine, whose head is in use
+        await ticks(pilot)
+        assert not notice.display
 
 
 async def test_the_status_bar_opens_without_figures_of_an_earlier_run(tmp_path):
