@@ -178,8 +178,8 @@ def run_bench(target: Path, draft: Path | None, prompts: Sequence[Prompt], names
     stage reads (configurations with that stage are skipped without one). `check`: HumanEval
     pass@1 for prompts that carry a problem. `torch_draft`: run the draft in PyTorch (a
     transformers folder always is; a .gguf is dequantised), on the GPU with CUDA graphs.
-    `head`: a draft head for the "head" configurations (the target then hands back its hidden
-    states in every configuration, plain included). `exact`: the target in batch-invariant
+    `head`: a draft head for the "head" configurations (the target hands back its hidden states
+    in those alone: the others run as they would without a head). `exact`: the target in batch-invariant
     numerics (plain too), where greedy configurations must match plain token for token.
     `n_threads`: CPU threads for the models (None: every core this process may use)."""
     max_nodes = max(config(n).budget.max_nodes for n in names)
@@ -209,6 +209,8 @@ def run_bench(target: Path, draft: Path | None, prompts: Sequence[Prompt], names
             plain_tokens = None
             with switches(loaded.numerics):   # the run's decodes, under its calibration's switches
                 for name, engine in engines.items():
+                    if uses_head:   # a configuration without the head runs as a target without one would
+                        loaded.model.set_hidden("head" in config(name).stages)
                     request = GenerationRequest(prompt.tokens, max_tokens, sampling)
                     gen = finish(engine.generate(request))
                     if name == "plain":

@@ -222,7 +222,7 @@ def load(options: Options, names: Sequence[str], *, measure: bool, refresh: bool
             left_out = _head_too_dear(head, costs)
             if left_out:   # the run's costs are the target's without hidden states (cached apart)
                 head = None
-                model.stop_hidden()
+                model.set_hidden(False)
                 costs = calibrate(model, gguf, nodes, refresh=refresh, progress=progress)
     except BaseException:
         for resource in reversed(opened):

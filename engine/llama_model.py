@@ -174,7 +174,7 @@ class LlamaModel:
         self._pad_used = 0               # padding sequences the last padded decode filled
         self._mem = lc.llama_get_memory(self._ctx)
         self.n_embd = lc.llama_model_n_embd(self._model)
-        self.hidden = hidden
+        self.hidden = self._opened_hidden = hidden
         if hidden:
             lc.llama_set_embeddings(self._ctx, True)
         all_seqs = n_seq_max + n_pad_seqs
@@ -365,11 +365,14 @@ class LlamaModel:
             raise RuntimeError(f"no hidden state for batch row {i} ({last_log()})")
         return np.ctypeslib.as_array(ptr, shape=(self.n_embd,))
 
-    def stop_hidden(self) -> None:
-        """From now on decode without hidden states, as if opened without them (a draft head
-        left out after loading): llama.cpp no longer outputs every batch row."""
-        lc.llama_set_embeddings(self._ctx, False)
-        self.hidden = False
+    def set_hidden(self, on: bool) -> None:
+        """From now on decode with hidden states or without, as if opened so (a draft head left
+        out after loading; bench's configurations without the head): without, llama.cpp no
+        longer outputs every batch row. On only for a model opened with hidden=True."""
+        if on and not self._opened_hidden:
+            raise ValueError("set_hidden(True) needs the model opened with hidden=True")
+        lc.llama_set_embeddings(self._ctx, on)
+        self.hidden = on
 
     def hidden_rows(self) -> np.ndarray:
         """[n_outputs, n_embd] float32: every row's final hidden state of the last decode (with

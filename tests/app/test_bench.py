@@ -41,9 +41,32 @@ def tiny_store(tiny, tmp_path):
     store.close()
 
 
-def test_all_configurations_side_by_side_with_identity_computed(tiny, tiny_prompts, tiny_store, tiny_head):
+def test_all_configurations_side_by_side_with_identity_computed(tiny, tiny_prompts, tiny_store, tiny_head,
+                                                               monkeypatch):
+    from localspec.engine.llama_model import LlamaModel
+
+    hidden_at_decode: set[tuple[bool, bool]] = set()   # (a head configuration's?, hidden states on?)
+    decode = LlamaModel.decode
+
+    def watched(self, *args, **kwargs):
+        if self.path == tiny.target_gguf and current[0] is not None:   # past loading
+            hidden_at_decode.add((current[0], self.hidden))
+        return decode(self, *args, **kwargs)
+
+    current: list[bool | None] = [None]   # the configuration running: with the head or not
+    original_set = LlamaModel.set_hidden
+
+    def set_hidden(self, on):
+        current[0] = on
+        original_set(self, on)
+
+    monkeypatch.setattr(LlamaModel, "decode", watched)
+    monkeypatch.setattr(LlamaModel, "set_hidden", set_hidden)
     report = bench.run_bench(tiny.target_gguf, tiny.draft_gguf, tiny_prompts, list(bench.CONFIGS),
                              24, SamplingParams(), 512, store=tiny_store, head=tiny_head)
+    # the configurations without the head decode as a target without one would: no hidden states
+    assert (False, False) in hidden_at_decode and (True, True) in hidden_at_decode
+    assert (False, True) not in hidden_at_decode
     rows = {r["config"]: r for r in report["rows"]}
     assert list(rows) == list(bench.CONFIGS)
     n = len(tiny_prompts)
