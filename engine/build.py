@@ -217,13 +217,18 @@ def load(options: Options, names: Sequence[str], *, measure: bool, refresh: bool
                 raise
         costs = (calibrate(model, gguf, nodes, refresh=refresh, progress=progress)
                  if measure else None)
-        left_out = None
+        left_out, curves = None, {}
         if head is not None and options.head_found and costs is not None:
-            left_out = _head_too_dear(head, costs)
+            from .drafters.head import head_costs
+
+            curve = head_costs(costs, head)       # the head's step, measured now
+            left_out = _head_too_dear(head.path, curve)
             if left_out:   # the run's costs are the target's without hidden states (cached apart)
                 head = None
                 model.set_hidden(False)
                 costs = calibrate(model, gguf, nodes, refresh=refresh, progress=progress)
+            else:          # stage_costs' entry for the head: its step measured once a load
+                curves[("head",)] = curve
     except BaseException:
         for resource in reversed(opened):
             resource.close()
@@ -236,19 +241,17 @@ def load(options: Options, names: Sequence[str], *, measure: bool, refresh: bool
                            draft_limits=options.draft_limits, head_limits=options.head_limits,
                            draft_stable=draft_stable,
                            draft_path=Path(options.draft) if options.draft else None)
-    return Loaded(options, model, parts, costs, left_out)
+    return Loaded(options, model, parts, costs, left_out, curves)
 
 
-def _head_too_dear(head, costs: Costs) -> str | None:
-    """Why the installed `head` sits out on this machine, or None: its one-row step, measured
-    now, costs more than HEAD_MAX_STEP_SHARE of the target's calibrated one."""
-    from .drafters.head import head_costs
-
-    share = head_costs(costs, head).draft_cost(1) / costs.target_cost(1)
+def _head_too_dear(path: Path, curve: Costs) -> str | None:
+    """Why the installed head at `path` sits out on this machine, or None: its one-row step (the
+    draft curve of `curve`, `head_costs`) costs more than HEAD_MAX_STEP_SHARE of the target's."""
+    share = curve.draft_cost(1) / curve.target_cost(1)
     if share <= HEAD_MAX_STEP_SHARE:
         return None
     return (f"its step costs {share:.0%} of the model's here (at most {HEAD_MAX_STEP_SHARE:.0%} "
-            f"pays); --head {head.path} uses it anyway")
+            f"pays); --head {path} uses it anyway")
 
 
 @dataclass

@@ -119,16 +119,23 @@ def test_an_installed_head_drafts_only_where_its_step_costs_little_beside_the_mo
     from localspec.engine import build as build_mod
     from localspec.engine.session import Session
 
+    from localspec.engine.drafters import head as head_mod
+
     monkeypatch.setattr(build_mod, "HEAD_MAX_STEP_SHARE", share)
+    measured = []
+    timed = head_mod.head_costs
+    monkeypatch.setattr(head_mod, "head_costs", lambda *a: measured.append(1) or timed(*a))
     installed = heads.default_head_path(tiny.target_gguf)
     installed.parent.mkdir(parents=True)
     shutil.copyfile(tiny_head, installed)
     kept = share > 1
     texts = []
     for named in (None, tiny_head):
+        measured.clear()
         session = Session(Options(tiny.target_gguf, head=named, n_ctx=256, n_threads=1, maxgram=False,
                                   personal=False, budget=TreeBudget(8, adaptive=True)))
         try:
+            assert len(measured) == 1   # the head's step is timed once a load, gated or not
             uses = kept or named is not None
             assert ("head" in [s.name for s in session.stages]) == uses
             assert session.model.hidden == uses
