@@ -21,7 +21,7 @@ from localspec.engine.llama_model import LlamaModel  # llama.cpp before torch: t
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from localspec.engine.drafters.head import TREE, WINDOW, DraftHead  # noqa: E402
+from localspec.engine.drafters.head import _BUCKETS, TREE, WINDOW, DraftHead  # noqa: E402
 
 
 def fastest(fn, reps: int, sync) -> float:
@@ -65,24 +65,15 @@ def main() -> None:
 
         step()   # a graph for this size is captured by now
         t_step = fastest(step, args.reps, sync)
-        t_inputs = fastest(lambda: head._slots(tokens), args.reps, sync)
         if cuda and head.graphs:
-            rows = next(b for b in (1, 2, 4, 8, 16, 32) if b >= n)
-            graph, (f_in, idx_in, mask_in), (idx_host, mask_host), outs = head._graphs[rows]
-
-            def fill():
-                ids = head._slots(tokens)
-                idx_np, mask_np = idx_host.numpy(), mask_host.numpy()
-                idx_np[0, :n], idx_np[1, :n], idx_np[2, :n] = ids, pos, slots
-                mask_np[:n] = mask
-                f_in[:n].copy_(f)
-                idx_in.copy_(idx_host, non_blocking=True)
-                mask_in.copy_(mask_host, non_blocking=True)
-
-            t_inputs = fastest(fill, args.reps, sync)
+            g = head._graphs[next(b for b in _BUCKETS if b >= n)]
+            t_inputs = fastest(lambda: head._graph_inputs(g, f, head._slots(tokens), pos, slots, mask),
+                               args.reps, sync)
+            graph, _, _, outs = g
             t_replay = fastest(graph.replay, args.reps, sync)
             probs, top = outs[2][:n], outs[3][:n]
         else:
+            t_inputs = fastest(lambda: head._slots(tokens), args.reps, sync)
             idx = torch.from_numpy(np.stack([head._slots(tokens), pos, slots]))
             m = torch.from_numpy(mask)
             t_replay = fastest(lambda: head._run(f, idx, m), args.reps, sync)

@@ -217,9 +217,18 @@ class DraftHead:
             except RuntimeError:   # a card or build that cannot capture: eager steps (slower)
                 self.graphs = False
                 return self.step(f, tokens, pos, slots, mask)
-        graph, (f_in, idx_in, mask_in), (idx_host, mask_host), outs = g
-        # every row's inputs, the padding rows' too (stale cache rows from a bigger step would be
-        # written there), into pinned host buffers: two asynchronous copies
+        graph, _, _, outs = g
+        self._graph_inputs(g, f, ids, pos, slots, mask)
+        graph.replay()
+        return tuple(o[:n] for o in outs)
+
+    def _graph_inputs(self, g: tuple, f: torch.Tensor, ids: np.ndarray, pos: np.ndarray,
+                      slots: np.ndarray, mask: np.ndarray) -> None:
+        """A captured step's inputs for n pairs (`step`'s, `ids` their embedding rows): every
+        row's, the padding rows' too (stale cache rows from a bigger step would be written
+        there), into pinned host buffers, then two asynchronous copies."""
+        _, (f_in, idx_in, mask_in), (idx_host, mask_host), _ = g
+        n, rows = len(ids), len(f_in)
         idx_np, mask_np = idx_host.numpy(), mask_host.numpy()
         idx_np[0, :n], idx_np[1, :n], idx_np[2, :n] = ids, pos, slots
         idx_np[:, n:] = self._pad[0][:, n:rows]
@@ -227,8 +236,6 @@ class DraftHead:
         f_in[:n].copy_(f)
         idx_in.copy_(idx_host, non_blocking=True)
         mask_in.copy_(mask_host, non_blocking=True)
-        graph.replay()
-        return tuple(o[:n] for o in outs)
 
     def _padded(self, rows: int) -> tuple[np.ndarray, np.ndarray]:
         """Inputs of `rows` padding rows (idx [3, rows], mask [rows, cache rows]): each writes its
