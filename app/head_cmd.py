@@ -49,8 +49,8 @@ def add_head(sub: argparse._SubParsersAction) -> None:
     train.add_argument("--minutes", type=float, help="a time limit for the training steps (after the target "
                                                       "has read the text): fewer steps if they would not fit")
     train.add_argument("--ff", type=int, help="the head's MLP width (default: the target's hidden size)")
-    # 8192 tokens cover ~95% of the target's choices on code; the output rows are most of a
-    # training step and of a CPU draft step (docs/decisions/0030)
+    # a small draft vocabulary: its output rows are most of a training step and of a CPU draft
+    # step, and the tokens it leaves out are seldom the target's choice (docs/decisions/0030)
     train.add_argument("--draft-vocab", type=int, default=8192,
                        help="tokens the head may draft: the target's most frequent choices")
     train.add_argument("--ctx", type=int, default=512, help="tokens the target reads at a time")

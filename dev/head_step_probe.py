@@ -1,8 +1,8 @@
 """Where a draft head's step goes: the whole step as the adaptive budget measures it, against its
 parts, for a few row counts.
 
-On an H200 a step of head B took 0.47 ms (`DraftHead.measure`), against the issue's 0.3 ms and a
-1.85 ms target step (docs/decisions/0031). This times, fastest of REPS each:
+On a fast GPU a head's step costs more beside the target's than the issue allows, and more than
+its kernels should (docs/decisions/0031 has the figures). This times, fastest of REPS each:
   step      `DraftHead.step` and the read-back greedy drafting does (what `measure` times)
   inputs    the host side alone: embedding slots, the mask, the pinned buffers' fill
   replay    the CUDA graph's replay alone, synchronised (GPU; eager `_run` on a CPU)

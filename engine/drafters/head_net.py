@@ -46,7 +46,7 @@ class HeadShape:
     def for_target(cls, d: int, ff: int | None = None) -> HeadShape:
         """Heads of 128 (64, or the whole width for tiny models); a quarter as many KV heads; an
         MLP as wide as the target (a wider one guessed no better in the same training time and
-        stepped ~3x slower on a CPU: docs/decisions/0030)."""
+        stepped slower on a CPU: docs/decisions/0030)."""
         head_dim = next((h for h in (128, 64) if d % h == 0 and d > h), d)
         heads = d // head_dim
         kv = heads // 4 if heads >= 4 and heads % 4 == 0 else heads
