@@ -12,6 +12,8 @@ PROFILE=1,8,16 names the sizes profiled (default 1,3,8; empty: none).
 DUMP=FILE.npz saves the logits of batches of 1, 3 and 8 tokens (and skips the timing); with
 COMPARE=OTHER.npz too it prints how far they lie from another run's (GGML_CUDA_DISABLE_FUSION=1
 against a fused build, say: a kernel change must not move them).
+HIDDEN=1 opens the target with hidden states on, as a draft head needs (every row's final hidden
+state handed back each call): what that costs against the same sizes without.
 """
 from __future__ import annotations
 
@@ -121,7 +123,7 @@ def dump(model: LlamaModel, path: str, compare: str | None) -> None:
 
 def main() -> None:
     sizes = [int(s) for s in sys.argv[2].split(",")] if len(sys.argv) > 2 else [1, 2, 3, 4, 6, 8, 16, 32]
-    model = LlamaModel(sys.argv[1], n_ctx=4096, n_seq_max=4)
+    model = LlamaModel(sys.argv[1], n_ctx=4096, n_seq_max=4, hidden=os.environ.get("HIDDEN") == "1")
     model.prefill([t % model.vocab_size for t in range(1000, 1000 + CONTEXT)], 0)
     if os.environ.get("DUMP"):
         dump(model, os.environ["DUMP"], os.environ.get("COMPARE"))
