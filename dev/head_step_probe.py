@@ -36,6 +36,7 @@ def fastest(fn, reps: int, sync) -> float:
     return best
 
 
+@torch.inference_mode()   # as DraftHead.step runs: its graph buffers are inference tensors
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
