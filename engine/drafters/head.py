@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+import warnings
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
@@ -87,8 +88,11 @@ class DraftHead:
     """A trained head with the target's frozen tables and its cache, on one device, ready to step."""
 
     def __init__(self, path: str | Path, target_gguf: str | Path, *, n_embd: int, vocab_size: int,
-                 device: str | None = None, dtype: torch.dtype | None = None) -> None:
-        """dtype: None picks it (bfloat16 on a GPU; on a CPU whichever steps faster here)."""
+                 device: str | None = None, dtype: torch.dtype | None = None, int8: bool | None = None
+                 ) -> None:
+        """dtype: None picks it (bfloat16 on a GPU; on a CPU whichever steps faster here). int8
+        (CPU only): the matmuls' weights in int8, float32 activations; None picks it on a CPU
+        with dtype None, as the faster."""
         path = Path(path).expanduser()
         meta, arrays = read_head(path)
         self._gguf = target_info(target_gguf)
@@ -128,37 +132,76 @@ class DraftHead:
         self._graphs: dict[int, tuple] = {}
         self._pad = self._padded(_BUCKETS[-1])     # padding rows' inputs
         self.graphs = dev.type == "cuda"
-        if dev.type == "cpu" and dtype is None:
+        self._qnet: HeadNet | None = None                 # int8 weights: the net and the output rows
+        self._qout: torch.nn.Module | None = None
+        if int8 and dev.type == "cpu":
+            self._set_int8(True)
+        elif dev.type == "cpu" and dtype is None and int8 is None:
             self._pick_dtype()
 
+    @property
+    def int8(self) -> bool:
+        return self._qout is not None
+
+    def _set_int8(self, on: bool) -> None:
+        """int8 weights for every matmul (the net's and the output rows'), quantized per output
+        row, activations float32 quantized per call (torch's dynamic quantization): a CPU step
+        reads a quarter of float32's weight bytes, which is what a step of a few rows waits on."""
+        if not on:
+            self._qnet = self._qout = None
+            return
+        self.dtype = torch.float32
+        self.net.to(dtype=self.dtype)
+        self.emb, self.out, self.k, self.v = (t.to(self.dtype) for t in (self.emb, self.out, self.k, self.v))
+        out = torch.nn.Linear(self.out.shape[1], self.out.shape[0], bias=False)
+        with torch.no_grad():
+            out.weight.copy_(self.out)
+        with warnings.catch_warnings():   # torch.ao's deprecation notice: the kernels are current
+            warnings.simplefilter("ignore")
+            spec = {torch.nn.Linear: torch.ao.quantization.per_channel_dynamic_qconfig}
+            self._qnet = torch.ao.quantization.quantize_dynamic(self.net, spec, dtype=torch.qint8)
+            self._qout = torch.ao.quantization.quantize_dynamic(torch.nn.Sequential(out), spec,
+                                                                dtype=torch.qint8)
+
     def _pick_dtype(self) -> None:
-        """On a CPU, bfloat16 where it is faster here (CPUs with AMX or AVX-512 BF16 run a step
-        of 8 rows in about the time of one, at half the bytes), else float32: measured, fastest of
-        three 8-row steps each (docs/decisions/0024). Drafting needs no more precision: the
-        target checks every token."""
+        """On a CPU, the fastest here of float32, bfloat16 (CPUs with AMX or AVX-512 BF16 run a
+        step of 8 rows in about the time of one, at half the bytes) and int8 weights: measured,
+        fastest of three steps of 1 and of 8 rows each (docs/decisions/0024, 0032). Drafting
+        needs no more precision: the target checks every token."""
         tensors = (self.emb, self.out, self.k, self.v)
         weights = {k: v.clone() for k, v in self.net.state_dict().items()}
-        f32 = min(self.measure((8,), reps=2)[8] for _ in range(2))
+
+        def cost() -> float:
+            runs = [self.measure((1, 8), reps=2) for _ in range(2)]
+            return sum(min(r[n] for r in runs) for n in (1, 8))
+        costs = {"float32": cost()}
         self.dtype = torch.bfloat16
         self.net.to(dtype=self.dtype)
         self.emb, self.out, self.k, self.v = (t.to(self.dtype) for t in tensors)
-        if min(self.measure((8,), reps=2)[8] for _ in range(2)) >= f32:   # back, unrounded
-            self.dtype = torch.float32
-            self.net.to(dtype=self.dtype).load_state_dict(weights)
-            self.emb, self.out, self.k, self.v = tensors
+        costs["bfloat16"] = cost()
+        self.net.to(dtype=torch.float32).load_state_dict(weights)   # unrounded, for int8's copy
+        self.emb, self.out, self.k, self.v = tensors
+        self._set_int8(True)
+        costs["int8"] = cost()
+        best = min(costs, key=costs.get)
+        if best != "int8":
+            self._set_int8(False)
+            self.dtype = getattr(torch, best)
+            self.net.to(dtype=self.dtype)
+            self.emb, self.out, self.k, self.v = (t.to(self.dtype) for t in tensors)
 
     @torch.inference_mode()
     def _run(self, f, idx, mask) -> tuple[torch.Tensor, ...]:
         """idx [3, n]: embedding rows, positions and cache rows of the pairs. The next-token
         logits, and for greedy drafting their top _TOPK as full-softmax probabilities and draft
         indices (computed here, so a GPU step replays them in its graph)."""
-        net = self.net
+        net = self._qnet if self._qnet is not None else self.net
         u = net.inputs(f, self.emb[idx[0]])                                    # [n, d]
         q, k, v = net.qkv(u[None], idx[1][None])                               # [1, n, ., hd]
         self.k[0].index_copy_(0, idx[2], k[0])
         self.v[0].index_copy_(0, idx[2], v[0])
         state = net.finish(u, attend(q, self.k, self.v, mask[None])[0])
-        logits = (state @ self.out.T).float()                                  # [n, V_sub]
+        logits = (self._qout(state) if self._qout is not None else state @ self.out.T).float()   # [n, V_sub]
         top = logits.topk(min(_TOPK, logits.shape[1]), dim=-1)
         probs = (top.values - logits.logsumexp(-1, keepdim=True)).exp()
         return state, logits, probs, top.indices
@@ -171,8 +214,9 @@ class DraftHead:
         so no attention, MLP or output rows run: a fraction of a step, eager."""
         idx = torch.from_numpy(np.stack([self._slots(tokens), np.asarray(pos, np.int64),
                                          np.asarray(slots, np.int64)])).to(self.device)
-        u = self.net.inputs(f, self.emb[idx[0]])
-        _, k, v = self.net.qkv(u[None], idx[1][None])
+        net = self._qnet if self._qnet is not None else self.net
+        u = net.inputs(f, self.emb[idx[0]])
+        _, k, v = net.qkv(u[None], idx[1][None])
         self.k[0].index_copy_(0, idx[2], k[0])
         self.v[0].index_copy_(0, idx[2], v[0])
 

@@ -213,11 +213,20 @@ def test_calibrate_measures_the_head_in_the_draft_models_place(tiny, tiny_head, 
     assert f"draft {tiny_head.name}: 1:" in run.stdout and "budget" in run.stdout
 
 
-def test_head_drafts_the_targets_tokens_far_above_chance_and_output_stays_plain(tiny, tiny_head):
+@pytest.mark.parametrize("int8", [None, True], ids=["numerics-picked", "int8-weights"])
+def test_head_drafts_the_targets_tokens_far_above_chance_and_output_stays_plain(tiny, tiny_head, int8,
+                                                                                monkeypatch):
     """In real decoding of held-out text, the head's first guess is the target's next token in
     at least 40% of the rounds it drafts (chance: 1 in its ~100-token draft vocabulary), its
-    chains go deeper than one token, and the output is plain decoding's."""
+    chains go deeper than one token, and the output is plain decoding's: with the numerics a run
+    picks here, and with int8 weights (what a CPU picks where they step fastest)."""
     from tiny_models import held_out_corpus
+
+    from localspec.engine import build
+
+    if int8:
+        monkeypatch.setattr(build, "load_head", lambda path, model: DraftHead(
+            path, model.path, n_embd=model.n_embd, vocab_size=model.vocab_size, device="cpu", int8=True))
 
     options = dict(n_ctx=512, n_threads=1)
     session = Session(Options(tiny.target_gguf, head=tiny_head, maxgram=False, personal=False,
@@ -358,3 +367,35 @@ def test_a_long_backlog_goes_in_by_store_and_drafts_as_before(tiny, tiny_head, m
     assert none == []
     np.testing.assert_array_equal(by_store.ids, by_step.ids)
     np.testing.assert_allclose(by_store.probs, by_step.probs, rtol=1e-4, atol=1e-5)
+
+
+def test_int8_weights_move_a_steps_logits_a_little_and_its_guesses_hardly(tiny, tiny_head):
+    """int8 weights (a CPU's pick where they step fastest) against float32, on the target's own
+    hidden states of held-out text, one causal step over them: the head's first guesses agree on
+    nearly every row and the logits move by a small part of their spread."""
+    import torch
+    from tiny_models import held_out_corpus
+
+    from localspec.engine.drafters.head import TREE, WINDOW
+
+    model = LlamaModel(tiny.target_gguf, n_ctx=256, n_batch=256, n_threads=1, hidden=True)
+    try:
+        tokens = model.tokenize(held_out_corpus(2)[1][:400], special=False)[:120]
+        model.decode(tokens, np.arange(len(tokens)), logits=True)
+        states = torch.from_numpy(model.hidden_rows()[:-1].copy())
+    finally:
+        model.close()
+    n = len(states)
+    pos = np.arange(n)
+    mask = np.zeros((n, WINDOW + TREE), bool)
+    mask[:, :n] = np.tril(np.ones((n, n), bool))
+    outs = []
+    for int8 in (False, True):
+        head = DraftHead(tiny_head, tiny.target_gguf, n_embd=128, vocab_size=tiny.vocab_size, device="cpu",
+                         dtype=torch.float32, int8=int8)
+        assert head.int8 == int8
+        outs.append(head.step(states, tokens[1:], pos, pos % WINDOW, mask)[1])
+    f32, i8 = outs
+    agree = float((f32.argmax(1) == i8.argmax(1)).float().mean())
+    moved = float((i8 - f32).abs().max() / f32.std())
+    assert agree >= 0.95 and moved <= 0.15, (agree, moved)
