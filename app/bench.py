@@ -234,6 +234,7 @@ def run_bench(target: Path, draft: Path | None, prompts: Sequence[Prompt], names
         if head_model is not None:
             report["head"] = {"file": head_model.path.name, **{k: v for k, v in head_model.meta.items()
                                                                 if k != "format"}}
+            report["head"]["numerics"] = "int8 weights" if head_model.int8 else str(head_model.dtype)[6:]
             if head_costs is not None:
                 report["head"]["step_ms"] = {n: round(1e3 * s, 3) for n, s in head_costs.draft.items()}
         if costs is not None:

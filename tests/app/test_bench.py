@@ -79,6 +79,7 @@ def test_all_configurations_side_by_side_with_identity_computed(tiny, tiny_promp
     assert set(rows["staged"]["stages"]) == {"maxgram", "personal-ngram", "gguf-draft"}
     assert set(rows["head"]["stages"]) == {"head"} and sum(rows["head"]["stages"]["head"]["accepted_by_depth"]) > 0
     assert report["head"]["file"] == tiny_head.name and report["head"]["step_ms"]
+    assert report["head"]["numerics"] in ("float32", "bfloat16", "int8 weights")   # what the load picked
     ngram = rows["ngram"]["stages"]["personal-ngram"]
     assert sum(ngram["proposed_by_depth"]) > 0 and sum(ngram["accepted_by_depth"]) > 0
     assert len(ngram["accepted_by_depth"]) == len(ngram["proposed_by_depth"])
