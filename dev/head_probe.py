@@ -1,10 +1,11 @@
 """How often a draft head's guesses are the target's own choices, on the target's greedy text.
 
 For each prompt the target writes N tokens greedily; then, teacher-forced over prompt + output,
-the head is started from the target's hidden state at every generated position and unrolled
-`--steps` tokens along the real continuation: the fraction of steps whose top guess is the
-target's choice, per unrolled step (what a chain of the head's first guesses would get accepted
-at, given the earlier ones were). Runs on a CPU (slowly) or a GPU.
+the true (state, token) pairs fill the head's cache, and from every generated position the head
+is unrolled `--steps` tokens along the real continuation on its own predicted states: the
+fraction of steps whose top guess is the target's choice, per unrolled step (what a chain of the
+head's first guesses would get accepted at, given the earlier ones were). Runs on a CPU (slowly)
+or a GPU; `--numerics` compares a CPU's float32, bfloat16 and int8 weights.
 
     python dev/head_probe.py --model target.gguf --head head.npz [--workload humaneval --limit 3]
 """
@@ -16,21 +17,64 @@ import numpy as np
 import torch
 
 from localspec.app import workloads
-from localspec.engine.drafters.head import DraftHead
+from localspec.engine.drafters.head import TREE, WINDOW, DraftHead
 from localspec.engine.llama_model import LlamaModel
+
+
+def numerics(name: str) -> dict:
+    """DraftHead's keywords for --numerics."""
+    if name == "auto":
+        return {}
+    return {"int8": True} if name == "int8" else {"dtype": getattr(torch, name), "int8": False}
+
+
+def unrolled_hits(head: DraftHead, states: np.ndarray, seq: list[int], label: np.ndarray, first: int,
+                  steps: int) -> tuple[np.ndarray, np.ndarray]:
+    """Teacher-forced: the true pairs (state at p, token p+1) go into the head's cache in one
+    causal step; from each generated position the head is then unrolled `steps` pairs along the
+    real text on its own predicted states, each level seeing the cache up to where it started
+    and its own row, as a tree node does. (hits, counts) per level."""
+    n = len(seq) - 1
+    pos = np.arange(n)
+    mask = np.zeros((n, WINDOW + TREE), bool)
+    mask[:, :n] = np.tril(np.ones((n, n), bool))
+    f = torch.from_numpy(states[:n]).to(head.device, head.dtype)
+    state, logits, _, _ = head.step(f, seq[1:], pos, pos % WINDOW, mask)
+    guess = head.vocab[logits.argmax(1).cpu().numpy()]          # row p: the token at p + 2
+    hits, count = np.zeros(steps), np.zeros(steps)
+    starts = np.arange(first - 1, n - steps)                   # rows whose token p + 1 is generated
+    hits[0], count[0] = (guess[starts] == label[starts + 1]).sum(), len(starts)
+    per = (TREE - 1) // max(1, steps - 1)                      # rows a chunk, a tree slot each level
+    for chunk in np.array_split(starts, max(1, -(-len(starts) // per))):
+        rows = len(chunk)
+        prev = state[chunk].clone()
+        m = np.zeros((rows, WINDOW + TREE), bool)
+        m[:, :n] = pos[None, :] <= chunk[:, None]
+        for j in range(1, steps):
+            slots = WINDOW + (j - 1) * rows + np.arange(rows)
+            m[np.arange(rows), slots] = True                   # itself, and its levels before
+            p = chunk + j
+            out, lg, _, _ = head.step(prev, [seq[i + 1] for i in p], p, slots, m)
+            prev = out.clone()
+            g = head.vocab[lg.argmax(1).cpu().numpy()]
+            hits[j] += (g == label[p + 1]).sum()
+            count[j] += rows
+    return hits, count
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
     ap.add_argument("--head", required=True)
+    ap.add_argument("--numerics", default="auto", choices=["auto", "float32", "bfloat16", "int8"],
+                    help="the head's numerics (auto: as a run picks them here)")
     ap.add_argument("--workload", default="humaneval", choices=["humaneval", "edit", "chat"])
     ap.add_argument("--limit", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=48)
     ap.add_argument("--steps", type=int, default=4)
     args = ap.parse_args()
     m = LlamaModel(args.model, n_ctx=4096, n_batch=2048, n_seq_max=1, hidden=True)
-    head = DraftHead(args.head, args.model, n_embd=m.n_embd, vocab_size=m.vocab_size)
+    head = DraftHead(args.head, args.model, n_embd=m.n_embd, vocab_size=m.vocab_size, **numerics(args.numerics))
     chat = None
     if args.workload != "humaneval":
         from localspec.engine.options import Options
@@ -55,14 +99,7 @@ def main() -> None:
         m.decode(seq, np.arange(len(seq)), logits=True)
         label = m.logits()[:len(seq)].argmax(1)
         states = np.stack([m.hidden_row(i).copy() for i in range(len(seq))])
-        hits, n = np.zeros(args.steps), np.zeros(args.steps)
-        for t in range(len(toks), len(seq) - args.steps):
-            f = torch.from_numpy(states[t - 1]).to(head.device, head.dtype)[None]
-            for j in range(args.steps):
-                f, logits = head.step(f, [seq[t + j]])
-                f = f.clone()
-                hits[j] += int(head.vocab[int(logits.argmax())]) == label[t + j]
-                n[j] += 1
+        hits, n = unrolled_hits(head, states, seq, label, len(toks), args.steps)
         total += hits
         count += n
         print(p.name, "top-1 per step", np.round(hits / np.maximum(n, 1), 3))

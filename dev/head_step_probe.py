@@ -36,21 +36,30 @@ def fastest(fn, reps: int, sync) -> float:
     return best
 
 
+def numerics(name: str) -> dict:
+    """DraftHead's keywords for --numerics."""
+    if name == "auto":
+        return {}
+    return {"int8": True} if name == "int8" else {"dtype": getattr(torch, name), "int8": False}
+
+
 @torch.inference_mode()   # as DraftHead.step runs: its graph buffers are inference tensors
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
     ap.add_argument("--head", required=True)
+    ap.add_argument("--numerics", default="auto", choices=["auto", "float32", "bfloat16", "int8"],
+                    help="the head's numerics (auto: as a run picks them here)")
     ap.add_argument("--rows", default="1,4,8")
     ap.add_argument("--reps", type=int, default=50)
     args = ap.parse_args()
     meta = LlamaModel(args.model, n_ctx=256, n_seq_max=1, n_gpu_layers=0, hidden=True)
     n_embd, vocab = meta.n_embd, meta.vocab_size
     meta.close()
-    head = DraftHead(args.head, args.model, n_embd=n_embd, vocab_size=vocab)
+    head = DraftHead(args.head, args.model, n_embd=n_embd, vocab_size=vocab, **numerics(args.numerics))
     cuda = head.device.type == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
-    print(f"head {args.head} on {head.device} ({head.dtype}), graphs {head.graphs}")
+    print(f"head {args.head} on {head.device} ({head.dtype}{', int8 weights' if head.int8 else ''}), graphs {head.graphs}")
     print(f"{'rows':>4} {'step':>8} {'inputs':>8} {'replay':>8} {'readback':>9}  (ms, fastest of {args.reps})")
     for n in (int(x) for x in args.rows.split(",")):
         f = torch.ones(n, n_embd, device=head.device, dtype=head.dtype)
