@@ -25,17 +25,7 @@ import torch  # noqa: E402
 
 from localspec.engine.drafters.head import TREE, WINDOW, DraftHead  # noqa: E402
 
-
-def fastest(fn, reps: int, sync) -> float:
-    best = float("inf")
-    for rep in range(reps + 1):
-        sync()
-        t = time.perf_counter()
-        fn()
-        sync()
-        if rep:
-            best = min(best, time.perf_counter() - t)
-    return best
+from head_step_probe import fastest  # noqa: E402  (dev/, the script's own folder)
 
 
 def graphed(fn, args: tuple):

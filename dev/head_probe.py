@@ -20,12 +20,7 @@ from localspec.app import workloads
 from localspec.engine.drafters.head import TREE, WINDOW, DraftHead
 from localspec.engine.llama_model import LlamaModel
 
-
-def numerics(name: str) -> dict:
-    """DraftHead's keywords for --numerics."""
-    if name == "auto":
-        return {}
-    return {"int8": True} if name == "int8" else {"dtype": getattr(torch, name), "int8": False}
+from head_step_probe import numerics  # dev/, the script's own folder
 
 
 def unrolled_hits(head: DraftHead, states: np.ndarray, seq: list[int], label: np.ndarray, first: int,

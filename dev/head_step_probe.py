@@ -25,6 +25,8 @@ from localspec.engine.drafters.head import _BUCKETS, TREE, WINDOW, DraftHead  # 
 
 
 def fastest(fn, reps: int, sync) -> float:
+    """Seconds of `fn()` between two `sync()`s, fastest of `reps` after one warm-up call (the
+    head probes' timer)."""
     best = float("inf")
     for rep in range(reps + 1):
         sync()
@@ -37,7 +39,7 @@ def fastest(fn, reps: int, sync) -> float:
 
 
 def numerics(name: str) -> dict:
-    """DraftHead's keywords for --numerics."""
+    """DraftHead's keywords for --numerics (the head probes')."""
     if name == "auto":
         return {}
     return {"int8": True} if name == "int8" else {"dtype": getattr(torch, name), "int8": False}
