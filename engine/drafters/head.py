@@ -132,8 +132,8 @@ class DraftHead:
         self._graphs: dict[int, tuple] = {}
         self._pad = self._padded(_BUCKETS[-1])     # padding rows' inputs
         self.graphs = dev.type == "cuda"
-        self._qnet: HeadNet | None = None                 # int8 weights: the net and the output rows
-        self._qout: torch.nn.Module | None = None
+        self._qout: torch.nn.Module | None = None         # int8 weights: the output rows
+        self._float_net: HeadNet | None = None            # with int8 on, the float net until let go
         if int8 and dev.type == "cpu":
             self._set_int8(True)
             self._drop_float()
@@ -149,7 +149,9 @@ class DraftHead:
         row, activations float32 quantized per call (torch's dynamic quantization): a CPU step
         reads a quarter of float32's weight bytes, which is what a step of a few rows waits on."""
         if not on:
-            self._qnet = self._qout = None
+            if self._float_net is not None:
+                self.net, self._float_net = self._float_net, None
+            self._qout = None
             return
         self.dtype = torch.float32
         self.net.to(dtype=self.dtype)
@@ -160,14 +162,15 @@ class DraftHead:
         with warnings.catch_warnings():   # torch.ao's deprecation notice: the kernels are current
             warnings.simplefilter("ignore")
             spec = {torch.nn.Linear: torch.ao.quantization.per_channel_dynamic_qconfig}
-            self._qnet = torch.ao.quantization.quantize_dynamic(self.net, spec, dtype=torch.qint8)
+            self._float_net = self.net
+            self.net = torch.ao.quantization.quantize_dynamic(self.net, spec, dtype=torch.qint8)
             self._qout = torch.ao.quantization.quantize_dynamic(torch.nn.Sequential(out), spec,
                                                                 dtype=torch.qint8)
 
     def _drop_float(self) -> None:
         """With int8 weights for good, the float net and output rows go (~4 bytes a weight the
         step no longer reads); the net's norms live on in the int8 copy."""
-        self.net = self._qnet
+        self._float_net = None
         self.out = self.out.new_empty(0, self.out.shape[1])   # [0, d]: its width is still read
 
     def _pick_dtype(self) -> None:
@@ -204,7 +207,7 @@ class DraftHead:
         """idx [3, n]: embedding rows, positions and cache rows of the pairs. The next-token
         logits, and for greedy drafting their top _TOPK as full-softmax probabilities and draft
         indices (computed here, so a GPU step replays them in its graph)."""
-        net = self._qnet if self._qnet is not None else self.net
+        net = self.net
         u = net.inputs(f, self.emb[idx[0]])                                    # [n, d]
         q, k, v = net.qkv(u[None], idx[1][None])                               # [1, n, ., hd]
         self.k[0].index_copy_(0, idx[2], k[0])
@@ -223,9 +226,8 @@ class DraftHead:
         so no attention, MLP or output rows run: a fraction of a step, eager."""
         idx = torch.from_numpy(np.stack([self._slots(tokens), np.asarray(pos, np.int64),
                                          np.asarray(slots, np.int64)])).to(self.device)
-        net = self._qnet if self._qnet is not None else self.net
-        u = net.inputs(f, self.emb[idx[0]])
-        _, k, v = net.qkv(u[None], idx[1][None])
+        u = self.net.inputs(f, self.emb[idx[0]])
+        _, k, v = self.net.qkv(u[None], idx[1][None])
         self.k[0].index_copy_(0, idx[2], k[0])
         self.v[0].index_copy_(0, idx[2], v[0])
 
