@@ -1,15 +1,14 @@
 """Whether torch.compile (inductor) makes a draft head's step cheaper: the head's step as it runs
 today against the same step compiled, one row and eight, with the top guesses compared.
 
-On a GPU a head step is ~40 small kernels replayed from a CUDA graph (0.27 ms on an H200,
+On a GPU a head step is ~40 small kernels replayed from a CUDA graph (their cost:
 docs/decisions/0031): fused by inductor into fewer, the replay should shrink. Here the compiled
 step is captured in a CUDA graph the way `DraftHead._capture` captures the eager one. On a CPU
 both run eagerly.
 
 The compiled function is `DraftHead._run` without its `inference_mode` decorator, called under
-`no_grad`: inductor failed on inference tensors on the H200 (2026-11-28), and compiled here on a
-CPU under `no_grad`. Compiling takes tens of seconds a shape, so a run would need inductor's
-cache before this could be the default.
+`no_grad`: inductor fails on the head's inference tensors (0031). Compiling takes seconds a
+shape, so a run would need inductor's cache before this could be the default.
 
     python dev/head_compile_probe.py --model target.gguf --head head.npz [--rows 1,8] [--reps 100]
 """
