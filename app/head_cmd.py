@@ -39,7 +39,9 @@ def add_head(sub: argparse._SubParsersAction) -> None:
     train.add_argument("--generated-tokens", type=int, default=1_000_000,
                        help="the target's own continuations of the functions in the text (signature and "
                             "docstring), in tokens: what the head will draft from (0: text only)")
-    train.add_argument("--parallel", type=int, default=64, help="continuations generated side by side")
+    train.add_argument("--parallel", type=int, default=64, help="continuations generated side by side (1..256)")
+    train.add_argument("--generate-minutes", type=float,
+                       help="a time limit for generating continuations: fewer tokens if they would not fit")
     train.add_argument("--steps", type=int, default=3000)
     train.add_argument("--batch", type=int, default=32, help="windows of text a training step takes")
     train.add_argument("--length", type=int, default=256, help="tokens a window holds")
@@ -71,7 +73,8 @@ def cmd_head(args: argparse.Namespace) -> int:
 
 # head train's numeric flags (attribute: rule), checked before anything is read
 _RULES = {"max_tokens": within("--max-tokens", 0), "generated_tokens": within("--generated-tokens", 0),
-          "parallel": within("--parallel", 1, 128), "steps": within("--steps", 1),
+          "parallel": within("--parallel", 1, 256),
+          "generate_minutes": within("--generate-minutes", 0.1, integer=False), "steps": within("--steps", 1),
           "batch": within("--batch", 1, 4096), "length": within("--length", 2, 8192),
           "minutes": within("--minutes", 0.1, integer=False), "ff": within("--ff", 64, 65536),
           "draft_vocab": within("--draft-vocab", 2), "ctx": within("--ctx", 64, 32768),
@@ -141,13 +144,15 @@ def _train(args: argparse.Namespace) -> int:
         if first is None and args.generated_tokens > 0:
             report.say("no function with a docstring in the text: nothing for the target to continue")
         if first is not None:
-            width = max(1, min(args.parallel, 128))
+            width = max(1, min(args.parallel, 256))   # llama.cpp's most sequences
             target = LlamaModel(model, n_ctx=width * (_PROMPT + _GEN), n_batch=max(512, width),
                                 n_seq_max=width, hidden=True, unified=False,   # a stream each
                                 greedy_on_device=True)
             try:
                 parts.append(generate_corpus(target, itertools.chain([first], prompts), args.generated_tokens,
-                                             gen_tokens=_GEN, prompt_tokens=_PROMPT, progress=report))
+                                             gen_tokens=_GEN, prompt_tokens=_PROMPT, progress=report,
+                                             seconds=None if args.generate_minutes is None
+                                             else 60 * args.generate_minutes))
             finally:
                 target.close()
                 report.clear()

@@ -151,12 +151,15 @@ def function_prompts(texts: Iterable[tuple[int, str]], context_lines: int = 30) 
 
 
 def generate_corpus(model, prompts: Iterable[tuple[int, str]], max_tokens: int, gen_tokens: int = 128,
-                    prompt_tokens: int = 384, progress: ProgressFn = _quiet) -> Corpus:
+                    prompt_tokens: int = 384, progress: ProgressFn = _quiet,
+                    seconds: float | None = None) -> Corpus:
     """The target's own greedy continuations of `prompts`, `model.n_seq_max` at a time in one
     batch per step (a LlamaModel opened with hidden=True and greedy_on_device=True: each step's
     next tokens are chosen where the model runs, and no row's logits are copied out): per token
     fed, the hidden state after it. A head trained on these sees what it will draft from: the
-    target's own text."""
+    target's own text. `seconds`: stop there with what is written (each continuation so far is
+    whole text). The last event's note says where the time went: the prompts' prefill, the
+    steps, the rest."""
     if not model.hidden:
         raise ValueError("generate_corpus() needs the target opened with hidden=True")
     width, d = model.n_seq_max, model.n_embd
@@ -166,10 +169,12 @@ def generate_corpus(model, prompts: Iterable[tuple[int, str]], max_tokens: int, 
     source_of = np.zeros(max_tokens, np.int32)
     n = c = 0
     t0 = time.time()
+    spent = {"prefill": 0.0, "steps": 0.0}
+    out_of_time = False
     # a target that ends nearly every continuation at once would walk every prompt there is:
     # four times the prompts the tokens asked for fill, at most
     source = itertools.islice(prompts, max(width, 4 * max_tokens // max(gen_tokens, 1)))
-    while n < max_tokens:
+    while n < max_tokens and not out_of_time:
         group, files = [], []
         for file_id, text in source:
             ids = model.tokenize(text, special=False, add_bos=False)[-prompt_tokens:]
@@ -181,8 +186,9 @@ def generate_corpus(model, prompts: Iterable[tuple[int, str]], max_tokens: int, 
         if not group:
             break
         model.clear()
-        for seq, ids in enumerate(group):
-            model.prefill(ids[:-1], 0, seq=seq)
+        t = time.perf_counter()
+        model.prefill_many([ids[:-1] for ids in group])
+        spent["prefill"] += time.perf_counter() - t
         g = len(group)
         cur = np.asarray([ids[-1] for ids in group], np.int32)
         pos = np.asarray([len(ids) - 1 for ids in group], np.int32)
@@ -192,9 +198,11 @@ def generate_corpus(model, prompts: Iterable[tuple[int, str]], max_tokens: int, 
         length = np.zeros(g, np.int64)                          # steps a row was alive for
         alive = np.ones(g, bool)
         for step in range(gen_tokens):
+            t = time.perf_counter()
             model.decode(cur, pos, seqs, logits=True)
             state = model.hidden_rows()[:g]
             nxt = model.sampled(range(g))
+            spent["steps"] += time.perf_counter() - t
             fed[step] = cur
             states[step] = state
             length += alive
@@ -204,6 +212,9 @@ def generate_corpus(model, prompts: Iterable[tuple[int, str]], max_tokens: int, 
             now = n + int(length.sum())
             progress(Progress("generating", min(now, max_tokens), max_tokens, now / max(time.time() - t0, 1e-9)))
             if not alive.any() or int(pos.sum()) + 2 * g >= model.n_ctx:   # the shared cache is full
+                break
+            if seconds is not None and time.time() - t0 >= seconds:
+                out_of_time = True
                 break
         for r in range(g):
             m = min(int(length[r]), max_tokens - n)
@@ -217,6 +228,11 @@ def generate_corpus(model, prompts: Iterable[tuple[int, str]], max_tokens: int, 
             c += 1
         progress(Progress("generating", n, max_tokens, n / max(time.time() - t0, 1e-9), milestone=True))
     model.clear()
+    total = time.time() - t0
+    progress(Progress("generating", n, max_tokens, n / max(total, 1e-9), milestone=True, note=(
+        f"{total:.0f} s generating: prompts {spent['prefill']:.1f} s, steps {spent['steps']:.1f} s, "
+        f"the rest {total - spent['prefill'] - spent['steps']:.1f} s"
+        + (" (stopped at the time limit)" if out_of_time else ""))))
     return Corpus(tokens[:n], hidden[:n], chunk_of[:n], source_of[:n])
 
 

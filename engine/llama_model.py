@@ -415,6 +415,30 @@ class LlamaModel:
             self.decode(chunk, pos, [(seq,)] * len(chunk) if seq else None,
                         logits=True if self.hidden and len(chunk) > 1 else False)
 
+    def prefill_many(self, prompts: Sequence[Sequence[int]]) -> None:
+        """Prompt i into sequence i from position 0, packed across sequences into batches of up
+        to n_batch tokens (one call per sequence would take as many calls as prompts: many
+        short batches where a GPU wants few long ones). No hidden states and one output row a
+        batch (its last): what starting many continuations side by side needs."""
+        lengths = [len(p) for p in prompts]
+        if not lengths or min(lengths) < 1 or len(prompts) > self.n_seq_max:
+            raise ValueError(f"{len(prompts)} prompts (1..{self.n_seq_max}, none empty)")
+        tokens = np.concatenate([np.asarray(p, np.int32) for p in prompts])
+        positions = np.concatenate([np.arange(m, dtype=np.int32) for m in lengths])
+        seqs = [(s,) for s, m in enumerate(lengths) for _ in range(m)]
+        was = self.hidden
+        if was:
+            lc.llama_set_embeddings(self._ctx, False)
+            self.hidden = False
+        try:
+            for lo in range(0, len(tokens), self.n_batch):
+                hi = min(lo + self.n_batch, len(tokens))
+                self.decode(tokens[lo:hi], positions[lo:hi], seqs[lo:hi], logits=False)
+        finally:
+            if was:
+                lc.llama_set_embeddings(self._ctx, True)
+                self.hidden = True
+
     # ---- memory (KV cache) sequence operations ----------------------------------------------
     def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> None:
         if not lc.llama_memory_seq_rm(self._mem, seq, p0, p1):

@@ -2,6 +2,8 @@
 checkpoints, on the tiny target at a tiny scale (how well a head learns: test_head.py)."""
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from localspec.engine.head_train import Progress, collect, train
@@ -92,8 +94,10 @@ def test_a_kept_corpus_trains_again_without_reading_and_is_refused_for_another_t
 
 
 def test_generated_continuations_are_the_targets_greedy_text_with_its_states(tiny):
-    """generate_corpus runs several prompts side by side, one KV stream each: every chunk must be
-    what the target alone says after its prompt (greedy), and each pair's state the target's."""
+    """generate_corpus runs several prompts side by side, one KV stream each (their prompts packed
+    into batches that straddle sequences: n_batch 40 against 3 x 23 prompt tokens): every chunk
+    must be what the target alone says after its prompt (greedy), and each pair's state the
+    target's. The last event says where the time went."""
     import numpy as np
 
     from localspec.engine.head_train import generate_corpus
@@ -103,12 +107,15 @@ def test_generated_continuations_are_the_targets_greedy_text_with_its_states(tin
     whole = "\n".join(build_corpus(n_docs=60))   # cut mid-text: the continuations go on
     texts = [(i, whole[a:a + 200]) for i, a in enumerate(range(0, 1500, 300))]
     width, prompt_tokens, gen = 3, 24, 12
-    many = LlamaModel(tiny.target_gguf, n_ctx=width * 64, n_batch=128, n_seq_max=width, hidden=True,
+    many = LlamaModel(tiny.target_gguf, n_ctx=width * 64, n_batch=40, n_seq_max=width, hidden=True,
                       unified=False, greedy_on_device=True, n_threads=1)
+    events = []
     try:
-        got = generate_corpus(many, iter(texts), 10_000, gen_tokens=gen, prompt_tokens=prompt_tokens)
+        got = generate_corpus(many, iter(texts), 10_000, gen_tokens=gen, prompt_tokens=prompt_tokens,
+                              progress=events.append)
     finally:
         many.close()
+    assert re.fullmatch(r"\d+ s generating: prompts [\d.]+ s, steps [\d.]+ s, the rest -?[\d.]+ s", events[-1].note)
     one = LlamaModel(tiny.target_gguf, n_ctx=64, n_batch=64, n_seq_max=1, hidden=True, n_threads=1)
     try:
         chunks = np.unique(got.chunk)
@@ -149,3 +156,25 @@ def test_noise_on_the_states_changes_training_not_the_held_out_check_and_is_reco
     train(corpus, tiny.target_gguf, tmp_path / "plain2.npz", **settings)
     _, c = read_head(tmp_path / "plain2.npz")
     assert all((a[k] == c[k]).all() for k in a if hasattr(a[k], "shape"))   # the seed alone decides
+
+
+def test_generation_stops_at_its_time_limit_with_whole_continuations(tiny):
+    """seconds=0: the first step of the first group is all there is time for; each prompt's one
+    fed token and its state are kept, the note says it stopped, and the target is left clear."""
+    from localspec.engine.head_train import generate_corpus
+    from localspec.engine.llama_model import LlamaModel
+    from tiny_models import build_corpus
+
+    whole = "\n".join(build_corpus(n_docs=60))
+    texts = [(i, whole[a:a + 200]) for i, a in enumerate(range(0, 1500, 300))]
+    many = LlamaModel(tiny.target_gguf, n_ctx=3 * 64, n_batch=64, n_seq_max=3, hidden=True,
+                      unified=False, greedy_on_device=True, n_threads=1)
+    events = []
+    try:
+        got = generate_corpus(many, iter(texts), 10_000, gen_tokens=12, prompt_tokens=24,
+                              progress=events.append, seconds=0)
+        assert many.seq_pos_max(0) == -1
+    finally:
+        many.close()
+    # one step: each of the first group's 3 rows was fed one token (fewer than 2 are not kept)
+    assert len(got.tokens) == 0 and "stopped at the time limit" in events[-1].note
