@@ -211,7 +211,8 @@ def test_list_says_when_the_installed_head_cannot_be_used(data, tiny, capsys):
 
 
 @pytest.mark.parametrize("flag,value", [("--steps", "0"), ("--noise", "1.5"), ("--noise", "nan"),
-                                        ("--parallel", "0"), ("--minutes", "-1"), ("--length", "1")])
+                                        ("--parallel", "0"), ("--parallel", "257"), ("--minutes", "-1"),
+                                        ("--generate-minutes", "0"), ("--length", "1")])
 def test_head_train_refuses_a_bad_number_naming_the_flag_before_reading_anything(tiny, tmp_path, flag, value):
     from localspec.app.cli import build_parser
 
