@@ -72,15 +72,18 @@ CONFIGS = {
 
 
 def config(name: str) -> BenchConfig:
-    """A configuration by name: one of CONFIGS, or "adaptive-N", the adaptive one with trees of
-    at most N nodes (to compare budgets side by side in one run)."""
+    """A configuration by name: one of CONFIGS, "adaptive-N", the adaptive one with trees of at
+    most N nodes (to compare budgets side by side in one run), or "head-N", the head alone with
+    trees of N nodes (its acceptance at a tree size: issue 19 asks for it at 16)."""
     if name in CONFIGS:
         return CONFIGS[name]
-    m = re.fullmatch(r"adaptive-([0-9]+)", name)
-    if m and 1 <= int(m.group(1)) <= 64:
+    m = re.fullmatch(r"(adaptive|head)-([0-9]+)", name)
+    if m and 1 <= int(m.group(2)) <= 64:
+        nodes = int(m.group(2))
+        if m.group(1) == "head":
+            return BenchConfig(name, ("head",), TreeBudget(max_nodes=nodes), HEAD_LIMITS)
         base = CONFIGS["adaptive"]
-        return BenchConfig(name, base.stages, TreeBudget(max_nodes=int(m.group(1)), adaptive=True),
-                           base.draft_limits)
+        return BenchConfig(name, base.stages, TreeBudget(max_nodes=nodes, adaptive=True), base.draft_limits)
     raise KeyError(name)
 
 

@@ -159,7 +159,8 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
                    help="comma-separated (default: all but the head's, and with --head those too): "
                         "plain,maxgram,ngram,draft-linear,draft-tree,staged,adaptive, adaptive-nomodel (Max-Gram and "
                         "n-grams only: the baseline of what a draft model or head adds), "
-                        "head, adaptive-head (with --head), adaptive-N (the adaptive budget with trees of at most N nodes)")
+                        "head, adaptive-head, head-N (with --head; head-N: the head alone, trees of N nodes), "
+                        "adaptive-N (the adaptive budget with trees of at most N nodes)")
     p.add_argument("--learn", action="append", default=[], metavar="PATH",
                    help="build the n-gram stage from these files or folders (their *.py, *.md, *.txt) "
                         "in a scratch store for this run; default: your personal store")
@@ -191,7 +192,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             unknown.append(n)
     if unknown:
         raise LocalspecError("Unknown bench configuration", ", ".join(unknown),
-                             f"Choose from: {', '.join(bench.CONFIGS)}, or adaptive-N (N = 1..64 nodes)")
+                             f"Choose from: {', '.join(bench.CONFIGS)}, or adaptive-N or head-N (N = 1..64 nodes)")
     if args.head and not any("head" in bench.config(n).stages for n in names):
         raise LocalspecError("--head without a head configuration", f"--configs {configs}",
                              "Add head and/or adaptive-head to --configs, or leave --configs out")

@@ -173,7 +173,10 @@ def test_bench_refuses_a_bad_thread_count_naming_the_flag(tiny, tmp_path):
 def test_adaptive_n_names_a_budget_and_bad_names_name_the_choices(tiny, tmp_path):
     assert bench.config("adaptive-8").budget == TreeBudget(max_nodes=8, adaptive=True)
     assert bench.config("adaptive-8").stages == bench.CONFIGS["adaptive"].stages
-    for bad in ("adaptive-0", "adaptive-x", "linear", "adaptive-copy7"):
+    assert bench.config("head-16").budget == TreeBudget(max_nodes=16)
+    assert bench.config("head-16").stages == ("head",)
+    assert bench.config("head-16").draft_limits == bench.CONFIGS["head"].draft_limits
+    for bad in ("adaptive-0", "adaptive-x", "linear", "adaptive-copy7", "head-0", "head-65"):
         with pytest.raises(KeyError):
             bench.config(bad)
     proc = subprocess.run(
