@@ -24,11 +24,12 @@ from head_step_probe import numerics  # dev/, the script's own folder
 
 
 def unrolled_hits(head: DraftHead, states: np.ndarray, seq: list[int], label: np.ndarray, first: int,
-                  steps: int) -> tuple[np.ndarray, np.ndarray]:
+                  steps: int, top: int = 4) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Teacher-forced: the true pairs (state at p, token p+1) go into the head's cache in one
     causal step; from each generated position the head is then unrolled `steps` pairs along the
     real text on its own predicted states, each level seeing the cache up to where it started
-    and its own row, as a tree node does. (hits, counts) per level."""
+    and its own row, as a tree node does. (hits, counts) per level, and the first level's hits
+    within its top 1..`top` guesses (what a root with that many children would catch)."""
     n = len(seq) - 1
     pos = np.arange(n)
     mask = np.zeros((n, WINDOW + TREE), bool)
@@ -39,6 +40,8 @@ def unrolled_hits(head: DraftHead, states: np.ndarray, seq: list[int], label: np
     hits, count = np.zeros(steps), np.zeros(steps)
     starts = np.arange(first - 1, n - steps)                   # rows whose token p + 1 is generated
     hits[0], count[0] = (guess[starts] == label[starts + 1]).sum(), len(starts)
+    ranked = head.vocab[logits[starts].topk(top, dim=1).indices.cpu().numpy()]   # [rows, top]
+    within = np.cumsum(ranked == label[starts + 1][:, None], axis=1).astype(bool).sum(0)
     per = (TREE - 1) // max(1, steps - 1)                      # rows a chunk, a tree slot each level
     for chunk in np.array_split(starts, max(1, -(-len(starts) // per))):
         rows = len(chunk)
@@ -54,7 +57,7 @@ def unrolled_hits(head: DraftHead, states: np.ndarray, seq: list[int], label: np
             g = head.vocab[lg.argmax(1).cpu().numpy()]
             hits[j] += (g == label[p + 1]).sum()
             count[j] += rows
-    return hits, count
+    return hits, count, within
 
 
 def main() -> None:
@@ -79,6 +82,7 @@ def main() -> None:
     prompts = workloads.build(args.workload, args.limit, lambda t: m.tokenize(t, special=False), chat)
     total = np.zeros(args.steps)
     count = np.zeros(args.steps)
+    within = np.zeros(4)
     for p in prompts:
         toks = list(p.tokens)
         m.clear()
@@ -94,11 +98,13 @@ def main() -> None:
         m.decode(seq, np.arange(len(seq)), logits=True)
         label = m.logits()[:len(seq)].argmax(1)
         states = np.stack([m.hidden_row(i).copy() for i in range(len(seq))])
-        hits, n = unrolled_hits(head, states, seq, label, len(toks), args.steps)
+        hits, n, top = unrolled_hits(head, states, seq, label, len(toks), args.steps)
         total += hits
         count += n
+        within += top
         print(p.name, "top-1 per step", np.round(hits / np.maximum(n, 1), 3))
     print("all", np.round(total / np.maximum(count, 1), 3))
+    print("first level, the target's choice within the top 1..4 guesses", np.round(within / max(count[0], 1), 3))
 
 
 if __name__ == "__main__":
