@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from collections import defaultdict
 
 from localspec.engine.llama_model import LlamaModel  # llama.cpp before torch: the GPU host needs it
 
@@ -28,7 +27,7 @@ import llama_cpp as lc  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from verify_cost_probe import family  # noqa: E402  (dev/, the script's own folder)
+from verify_cost_probe import by_family, kernel_times  # noqa: E402  (dev/, the script's own folder)
 
 # (name, greedy on device, hidden states, one stream a sequence)
 VARIANTS = {"train": (True, True, False), "host": (False, True, False),
@@ -83,17 +82,10 @@ def kernels(one_step, calls: int) -> str:
     with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(calls):
             one_step()
-    by_family: dict[str, float] = defaultdict(float)
-    count = 0
-    for ev in prof.events():
-        if ev.device_type != torch.autograd.DeviceType.CUDA:
-            continue
-        us = ev.device_time if hasattr(ev, "device_time") else ev.cuda_time
-        name = ev.name.lower()
-        by_family["memcpy/memset" if "memcpy" in name or "memset" in name else family(ev.name)] += us
-        count += 1
-    parts = [f"{label} {us / calls / 1e3:.2f}" for label, us in sorted(by_family.items(), key=lambda kv: -kv[1])]
-    return f"      GPU ms a step by family ({count / calls:.0f} kernels): " + ", ".join(parts)
+    kernels, counts = kernel_times(prof)
+    parts = [f"{label} {us / calls / 1e3:.2f}"
+             for label, us in sorted(by_family(kernels).items(), key=lambda kv: -kv[1])]
+    return f"      GPU ms a step by family ({sum(counts.values()) / calls:.0f} kernels): " + ", ".join(parts)
 
 
 def main() -> None:

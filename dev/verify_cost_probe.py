@@ -64,6 +64,32 @@ def family(name: str) -> str:
     return "other"
 
 
+def kernel_times(prof) -> tuple[dict[str, float], dict[str, int]]:
+    """A torch.profiler run's CUDA kernels: microseconds and calls by name (copies and sets as
+    "memcpy/memset: NAME", their time only)."""
+    import torch
+    kernels: dict[str, float] = defaultdict(float)
+    counts: dict[str, int] = defaultdict(int)
+    for ev in prof.events():
+        if ev.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        us = ev.device_time if hasattr(ev, "device_time") else ev.cuda_time
+        if "memcpy" in ev.name.lower() or "memset" in ev.name.lower():
+            kernels["memcpy/memset: " + ev.name[:40]] += us
+            continue
+        kernels[ev.name] += us
+        counts[ev.name] += 1
+    return kernels, counts
+
+
+def by_family(kernels: dict[str, float]) -> dict[str, float]:
+    """kernel_times' microseconds summed by family (FAMILIES, copies and sets as one)."""
+    out: dict[str, float] = defaultdict(float)
+    for name, us in kernels.items():
+        out["memcpy/memset" if name.startswith("memcpy/memset") else family(name)] += us
+    return out
+
+
 def profile(model: LlamaModel, n: int, calls: int = 20) -> None:
     import torch
     from torch.profiler import ProfilerActivity
@@ -76,29 +102,11 @@ def profile(model: LlamaModel, n: int, calls: int = 20) -> None:
         for _ in range(calls):
             step(model, n, True)
         wall = (time.perf_counter() - t) / calls
-    kernels: dict[str, float] = defaultdict(float)
-    counts: dict[str, int] = defaultdict(int)
-    memcpy = 0.0
-    for ev in prof.events():
-        if ev.device_type != torch.autograd.DeviceType.CUDA:
-            continue
-        us = ev.device_time if hasattr(ev, "device_time") else ev.cuda_time
-        if "memcpy" in ev.name.lower() or "memset" in ev.name.lower():
-            memcpy += us
-            kernels["memcpy/memset: " + ev.name[:40]] += us
-            continue
-        kernels[ev.name] += us
-        counts[ev.name] += 1
+    kernels, counts = kernel_times(prof)
     busy = sum(kernels.values()) / calls / 1e3
-    by_family: dict[str, float] = defaultdict(float)
-    for name, us in kernels.items():
-        if name.startswith("memcpy/memset"):
-            by_family["memcpy/memset"] += us
-        else:
-            by_family[family(name)] += us
     print(f"\n== {n} tokens: wall {1e3 * wall:.2f} ms a call, GPU busy {busy:.2f} ms, "
           f"kernels a call {sum(counts.values()) / calls:.0f}", flush=True)
-    for label, us in sorted(by_family.items(), key=lambda kv: -kv[1]):
+    for label, us in sorted(by_family(kernels).items(), key=lambda kv: -kv[1]):
         print(f"   {label:<28} {us / calls / 1e3:7.3f} ms", flush=True)
     for name, us in sorted(kernels.items(), key=lambda kv: -kv[1])[:14]:
         print(f"      {us / calls / 1e3:7.3f} ms  x{counts.get(name, 0) / calls:4.0f}  {name[:110]}",
