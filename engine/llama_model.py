@@ -13,10 +13,11 @@ from __future__ import annotations
 from .native import (ExactNumerics, errors_since, gpu_offload_supported,  # first: see native.py
                      has_exact_switches, last_log, log_mark)
 
+import contextlib
 import ctypes
 import os
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import llama_cpp as lc
 import numpy as np
@@ -401,19 +402,29 @@ class LlamaModel:
         last decode, its rows 0..hidden_tail-1 (hidden_row), all with logits."""
         tail = max(1, min(hidden_tail, self.n_batch))
         if self.hidden and len(tokens) > tail:
-            lc.llama_set_embeddings(self._ctx, False)
-            self.hidden = False
-            try:
+            with self._without_hidden():
                 self.prefill(tokens[:-tail], start, seq)
-            finally:
-                lc.llama_set_embeddings(self._ctx, True)
-                self.hidden = True
             start, tokens = start + len(tokens) - tail, tokens[-tail:]
         for lo in range(0, len(tokens), self.n_batch):
             chunk = tokens[lo:lo + self.n_batch]
             pos = np.arange(start + lo, start + lo + len(chunk), dtype=np.int32)
             self.decode(chunk, pos, [(seq,)] * len(chunk) if seq else None,
                         logits=True if self.hidden and len(chunk) > 1 else False)
+
+    @contextlib.contextmanager
+    def _without_hidden(self) -> Iterator[None]:
+        """Decodes inside go without hidden states (llama.cpp would otherwise output, and copy
+        out, every row's logits); as it was after, whatever happens inside."""
+        was = self.hidden
+        if was:
+            lc.llama_set_embeddings(self._ctx, False)
+            self.hidden = False
+        try:
+            yield
+        finally:
+            if was:
+                lc.llama_set_embeddings(self._ctx, True)
+                self.hidden = True
 
     def prefill_many(self, prompts: Sequence[Sequence[int]]) -> None:
         """Prompt i into sequence i from position 0, packed across sequences into batches of up
@@ -426,18 +437,10 @@ class LlamaModel:
         tokens = np.concatenate([np.asarray(p, np.int32) for p in prompts])
         positions = np.concatenate([np.arange(m, dtype=np.int32) for m in lengths])
         seqs = [(s,) for s, m in enumerate(lengths) for _ in range(m)]
-        was = self.hidden
-        if was:
-            lc.llama_set_embeddings(self._ctx, False)
-            self.hidden = False
-        try:
+        with self._without_hidden():
             for lo in range(0, len(tokens), self.n_batch):
                 hi = min(lo + self.n_batch, len(tokens))
                 self.decode(tokens[lo:hi], positions[lo:hi], seqs[lo:hi], logits=False)
-        finally:
-            if was:
-                lc.llama_set_embeddings(self._ctx, True)
-                self.hidden = True
 
     # ---- memory (KV cache) sequence operations ----------------------------------------------
     def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> None:
