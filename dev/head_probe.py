@@ -82,7 +82,7 @@ def main() -> None:
     prompts = workloads.build(args.workload, args.limit, lambda t: m.tokenize(t, special=False), chat)
     total = np.zeros(args.steps)
     count = np.zeros(args.steps)
-    within = np.zeros(4)
+    within = 0.0   # becomes unrolled_hits' top-k counts
     for p in prompts:
         toks = list(p.tokens)
         m.clear()
