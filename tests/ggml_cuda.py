@@ -2,10 +2,8 @@
 tests/engine/test_multicol_cuda.py: one mul_mat of quantized weights by f32 columns on the GPU.
 The kernels' switches (GGML_CUDA_MULTICOL_MIN/MAX) are read once per process, so the test runs
 each setting in a process of its own: `python tests/ggml_cuda.py IN.npz OUT.npz` reads weights,
-columns, an optional bias row and optional gate weights, and writes every width's product (plus
-the bias, added by a ggml_add that ggml may fuse into the matmul; with gate weights, the SwiGLU of
-the gate's product and the weights' product, which ggml may fuse into one mat-vec) and the
-kernels' call counts."""
+columns and an optional bias row, and writes every width's product (plus the bias, added by a
+ggml_add that ggml may fuse into the matmul) and the kernels' call counts."""
 from __future__ import annotations
 
 import ctypes
@@ -41,9 +39,8 @@ def cuda() -> ctypes.CDLL:
 
 def kernel_calls(counter: str = "localspec_cuda_multicol_calls") -> int:
     """How many matmuls packaging/patches' CUDA multi-column kernels took in this process
-    (`localspec_cuda_multicol_bias_calls`: of them, with a bias added in their store;
-    `localspec_cuda_multicol_glu_calls`: gate, up and GLU products of 2..8 columns that ggml's
-    mat-vec took in one kernel); -1: a build without them."""
+    (`localspec_cuda_multicol_bias_calls`: of them, with a bias added in their store); -1: a
+    build without them."""
     lib = cuda()
     if not hasattr(lib, counter):
         return -1
@@ -52,10 +49,9 @@ def kernel_calls(counter: str = "localspec_cuda_multicol_calls") -> int:
 
 
 def mul_mat(backend: int, kind: int, quantized: np.ndarray, rows: int, k: int,
-            acts: np.ndarray, bias: np.ndarray | None = None, gate: np.ndarray | None = None) -> np.ndarray:
+            acts: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
     """`quantized` (rows x k weights of ggml type `kind`) times the columns of `acts` (n x k f32)
-    on the GPU, plus `bias` (rows f32) when given; with `gate` (quantized like the weights),
-    silu(gate x column) * (weights x column) instead (ggml_swiglu_split): n x rows f32."""
+    on the GPU, plus `bias` (rows f32) when given: n x rows f32."""
     lib = base()
     ctx = lib.ggml_init(InitParams(1 << 20, None, True))
     buffer = None
@@ -63,9 +59,6 @@ def mul_mat(backend: int, kind: int, quantized: np.ndarray, rows: int, k: int,
         w = lib.ggml_new_tensor_2d(ctx, kind, k, rows)
         x = lib.ggml_new_tensor_2d(ctx, F32, k, len(acts))
         y = lib.ggml_mul_mat(ctx, w, x)
-        g = None if gate is None else lib.ggml_new_tensor_2d(ctx, kind, k, rows)
-        if g is not None:   # the gate's product, then the weights', then the GLU: ggml's fusable order
-            y = lib.ggml_swiglu_split(ctx, lib.ggml_mul_mat(ctx, g, x), y)
         b = None if bias is None else lib.ggml_new_tensor_1d(ctx, F32, rows)
         if b is not None:
             y = lib.ggml_add(ctx, y, b)
@@ -75,8 +68,6 @@ def mul_mat(backend: int, kind: int, quantized: np.ndarray, rows: int, k: int,
         columns = np.ascontiguousarray(acts, np.float32)
         lib.ggml_backend_tensor_set(w, quantized.ctypes.data, 0, lib.ggml_nbytes(w))
         lib.ggml_backend_tensor_set(x, columns.ctypes.data, 0, columns.nbytes)
-        if g is not None:
-            lib.ggml_backend_tensor_set(g, gate.ctypes.data, 0, lib.ggml_nbytes(g))
         if b is not None:
             row = np.ascontiguousarray(bias, np.float32)
             lib.ggml_backend_tensor_set(b, row.ctypes.data, 0, row.nbytes)
@@ -96,15 +87,13 @@ def main(src: str, dst: str) -> None:
     bias = data["bias"] if "bias" in data.files else None
     rows, k = weights.shape
     quantized = quantize(kind, weights)
-    gate = quantize(kind, data["gate"]) if "gate" in data.files else None
     backend = cuda().ggml_backend_cuda_init(0)
     try:
-        products = {f"w{n}": mul_mat(backend, kind, quantized, rows, k, acts[:n], bias, gate)
+        products = {f"w{n}": mul_mat(backend, kind, quantized, rows, k, acts[:n], bias)
                     for n in range(1, len(acts) + 1)}
     finally:
         base().ggml_backend_free(backend)
-    np.savez(dst, calls=kernel_calls(), bias_calls=kernel_calls("localspec_cuda_multicol_bias_calls"),
-             glu_calls=kernel_calls("localspec_cuda_multicol_glu_calls"), **products)
+    np.savez(dst, calls=kernel_calls(), bias_calls=kernel_calls("localspec_cuda_multicol_bias_calls"), **products)
 
 
 if __name__ == "__main__":

@@ -53,11 +53,11 @@ pytestmark = pytest.mark.skipif(not ggml_cuda.available(),
 
 
 def _run(tmp: Path, kind: int, weights: np.ndarray, acts: np.ndarray, name: str,
-         bias: np.ndarray | None = None, gate: np.ndarray | None = None, **switches: str) -> dict:
+         bias: np.ndarray | None = None, **switches: str) -> dict:
     """Every width's product in a process of its own, under the kernels' `switches` (GGML_CUDA_
     MULTICOL_*), the kernels from 2 columns (by default they start where they beat ggml's: 6)."""
     src, dst = tmp / f"in-{name}.npz", tmp / f"out-{name}.npz"
-    extra = {name: value for name, value in (("bias", bias), ("gate", gate)) if value is not None}
+    extra = {} if bias is None else {"bias": bias}
     np.savez(src, kind=kind, weights=weights, acts=acts, **extra)
     env = {**os.environ, "GGML_CUDA_MULTICOL_MIN": "2",
            **{f"GGML_CUDA_MULTICOL_{key.upper()}": value for key, value in switches.items()}}
@@ -111,22 +111,3 @@ def test_cuda_multicol_adds_a_bias_row_in_its_store_with_the_bits_of_a_separate_
     for n in range(2, COLS + 1):
         assert np.array_equal(fused[f"w{n}"], plain[f"w{n}"] + bias), f"{n} columns"
     assert np.allclose(fused["w1"], plain["w1"] + bias, rtol=1e-6, atol=1e-6 * float(np.abs(plain["w1"]).max()))
-
-
-@pytest.mark.parametrize("kind", list(NAMES), ids=list(NAMES.values()))
-def test_cuda_glu_of_2_to_8_columns_in_one_mat_vec_gives_the_bits_of_the_separate_ops(tmp_path, kind):
-    """ggml fuses a gate product, an up product and their SwiGLU into one mat-vec for one column;
-    with GGML_CUDA_MULTICOL_GLU=1 it does so for 2..8 columns too, where the tensor-core kernels do
-    not take the width (they have no gate): the same sums, silu(gate) * up in the store."""
-    weights, acts = _inputs(kind, 1536, 200)
-    gate = np.random.default_rng(11).normal(size=weights.shape).astype(np.float32)
-    # MAX=0: the tensor-core kernels off, so ggml's mat-vec takes every width up to 8
-    apart = _run(tmp_path, kind, weights, acts, "glu-apart", gate=gate, max="0")
-    fused = _run(tmp_path, kind, weights, acts, "glu-fused", gate=gate, max="0", glu="1")
-    assert apart["glu_calls"] == 0, "the GLU was fused with its switch off"
-    assert fused["glu_calls"] == 7, "the GLU of 2..8 columns was not fused"
-    for n in range(1, COLS + 1):
-        assert np.array_equal(fused[f"w{n}"], apart[f"w{n}"]), f"{n} columns"
-    # where the tensor-core kernels take a width (from 2 columns here), they keep it, unfused
-    kernels = _run(tmp_path, kind, weights, acts, "glu-kernels", gate=gate, glu="1")
-    assert kernels["glu_calls"] == 0 and kernels["calls"] > 0
