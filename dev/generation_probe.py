@@ -14,6 +14,11 @@ each in a model opened afresh:
 
 PROFILE=1 (CUDA, torch installed) adds the kernels of a step by family (verify_cost_probe's
 grouping). Prints one line a variation: prefill tok/s, a step's median ms, generated tok/s.
+
+--collect N also times `head train`'s reading of text (engine/head_train.py `collect`: one
+sequence, 512 tokens a call, every row's state handed back) on N tokens of the standard library,
+with every row's logits copied to the host (llama.cpp outputs them beside the states) and with a
+backend greedy sampler on the sequence instead (llama.cpp then leaves the logits on the device).
 """
 from __future__ import annotations
 
@@ -88,6 +93,23 @@ def kernels(one_step, calls: int) -> str:
     return f"      GPU ms a step by family ({sum(counts.values()) / calls:.0f} kernels): " + ", ".join(parts)
 
 
+def collect_rate(path: str, tokens: int, on_device: bool) -> str:
+    import inspect
+    import json
+
+    from localspec.engine.head_train import collect
+    texts = [(i, inspect.getsource(m)) for i, m in enumerate((argparse, inspect, json.decoder, json.encoder))]
+    model = LlamaModel(path, n_ctx=512, n_batch=512, n_seq_max=1, hidden=True, greedy_on_device=on_device)
+    try:
+        collect(model, texts[:1], 512)     # warm-up
+        t = time.perf_counter()
+        corpus = collect(model, (texts * 64), tokens)
+        rate = len(corpus.tokens) / (time.perf_counter() - t)
+    finally:
+        model.close()
+    return f"  collect {'backend sampler' if on_device else 'logits copied':>16}: {rate:9,.0f} tok/s read"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("model")
@@ -96,7 +118,11 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--variants", default="train,host,nohidden",
                     help=f"of {','.join(VARIANTS)} (unified runs at the smallest width only)")
+    ap.add_argument("--collect", type=int, default=0, help="also time reading N tokens of text (0: not)")
     args = ap.parse_args()
+    if args.collect:
+        for on_device in (False, True):
+            print(collect_rate(args.model, args.collect, on_device), flush=True)
     widths = [int(w) for w in args.widths.split(",")]
     profile = os.environ.get("PROFILE") == "1"
     for variant in args.variants.split(","):
