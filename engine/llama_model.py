@@ -88,7 +88,7 @@ class LlamaModel:
         greedy_on_device: each sequence gets llama.cpp's backend greedy sampler (its experimental
         backend-sampling API): a decode hands back each output row's most likely token
         (`sampled`), chosen where the model runs, and no row's logits are copied out (`logits`
-        is then not to be read). A decode may output at most one row per sequence.
+        is then not to be read).
 
         exact: batch-invariant numerics, CPU only. Each row of a batch gets the logits it would
         get decoded alone, bit for bit, so verifying a draft tree computes what plain decoding
@@ -158,6 +158,7 @@ class LlamaModel:
                 configs[seq].seq_id, configs[seq].sampler = seq, ctypes.cast(chain, ctypes.c_void_p)
             cparams.samplers = ctypes.cast(configs, type(cparams.samplers))
             cparams.n_samplers = n_seq_max
+            cparams.n_outputs_max_per_seq = n_batch   # every row of a sequence may be sampled
         threads = self.n_threads = n_threads or default_threads()
         cparams.n_threads = threads
         cparams.n_threads_batch = threads

@@ -178,3 +178,31 @@ def test_generation_stops_at_its_time_limit_with_whole_continuations(tiny):
         many.close()
     # one step: each of the first group's 3 rows was fed one token (fewer than 2 are not kept)
     assert len(got.tokens) == 0 and "stopped at the time limit" in events[-1].note
+
+
+def test_backend_greedy_samplers_choose_each_rows_argmax_for_many_rows_and_sequences(tiny):
+    """greedy_on_device: llama.cpp picks every output row's most likely token where the model
+    runs (packaging/patches: one argmax over all the rows when every sequence samples greedily),
+    several rows of one sequence included (what `collect` would read text with): the same tokens
+    as the argmax of the logits of the same batch decoded without samplers."""
+    import numpy as np
+
+    from localspec.engine.llama_model import LlamaModel
+
+    kw = dict(n_ctx=128, n_batch=32, n_seq_max=2, hidden=True, unified=False, n_threads=1)
+    sampled = LlamaModel(tiny.target_gguf, greedy_on_device=True, **kw)
+    plain = LlamaModel(tiny.target_gguf, **kw)
+    try:
+        a = sampled.tokenize("def add_3(x):\n    return x + 3\n", special=False)[:10]
+        b = sampled.tokenize("class Counter:\n    def __init__(self):\n", special=False)[:10]
+        tokens = np.asarray(a + b, np.int32)
+        pos = np.r_[np.arange(len(a)), np.arange(len(b))].astype(np.int32)
+        seqs = [(0,)] * len(a) + [(1,)] * len(b)
+        for model in (sampled, plain):
+            model.decode(tokens, pos, seqs, logits=True)
+        want = plain.logits().argmax(axis=1)
+        np.testing.assert_array_equal(sampled.sampled(range(len(tokens))), want)
+        np.testing.assert_array_equal(sampled.hidden_rows(), plain.hidden_rows())
+    finally:
+        sampled.close()
+        plain.close()
