@@ -56,6 +56,11 @@ def add_head(sub: argparse._SubParsersAction) -> None:
     train.add_argument("--draft-vocab", type=int, default=8192,
                        help="tokens the head may draft: the target's most frequent choices")
     train.add_argument("--ctx", type=int, default=512, help="tokens the target reads at a time")
+    train.add_argument("--taps",
+                       help="target layers the head reads beside the last (EAGLE-3's fused features): "
+                            "'auto' (a low and the middle one), layer numbers 'A,B', or 'none' (the "
+                            "default; with a kept --corpus: the layers it was read at, and 'none' "
+                            "trains on its last layer's states alone)")
     train.add_argument("--noise", type=float, default=0.0,
                        help="uniform noise, as a fraction of the states' size, on the target's states the "
                             "head reads while training (0..1; 0: none)")
@@ -79,6 +84,31 @@ _RULES = {"max_tokens": within("--max-tokens", 0), "generated_tokens": within("-
           "minutes": within("--minutes", 0.1, integer=False), "ff": within("--ff", 64, 65536),
           "draft_vocab": within("--draft-vocab", 2), "ctx": within("--ctx", 64, 32768),
           "noise": within("--noise", 0.0, 1.0, integer=False)}
+
+
+def tap_layers(spec: str, model: Path) -> tuple[int, ...]:
+    """`--taps` for the target `model`: 'none', 'auto' (layer 2 and the middle layer: EAGLE-3's
+    low and middle features beside the last) or comma-separated layer numbers, each in
+    0..layers-1 (a layer's input state: the output of the layers below it; 0: the embeddings)."""
+    from localspec.models.gguf_file import read_gguf
+
+    if spec == "none":
+        return ()
+    info = read_gguf(model)
+    n_layer = info.metadata.get(f"{info.architecture}.block_count")
+    if not isinstance(n_layer, int) or n_layer < 3:
+        raise LocalspecError("No layers to read", f"--taps {spec}: '{model.name}' does not say how many "
+                             "layers it has, or has fewer than 3", "Use --taps none")
+    if spec == "auto":
+        return (2, n_layer // 2) if n_layer // 2 > 2 else (n_layer // 2,)
+    try:
+        taps = tuple(sorted({int(x) for x in spec.split(",")}))
+    except ValueError:
+        taps = ()
+    if not taps or not all(0 <= t < n_layer for t in taps):
+        raise LocalspecError("Invalid --taps", f"--taps {spec}: '{model.name}' has layers 0..{n_layer - 1} "
+                             "to read", "Pass 'auto', 'none' or layer numbers in that range, e.g. 2,14")
+    return taps
 
 
 def _info(path: Path) -> int:
@@ -107,6 +137,7 @@ def _train(args: argparse.Namespace) -> int:
     kept = Path(args.corpus).expanduser() if args.corpus else None
     if kept is not None and kept.exists():
         return _train_on(args, model, out, *load_corpus(kept, heads.target_id(model)))
+    args.tap_layers = taps = tap_layers(args.taps or "none", model)
     choice = Choice.from_args(args)
     sources = list_sources(choice)
     order = reading_order(sources)   # a document's index: its file id (the held-out split is by file)
@@ -130,7 +161,7 @@ def _train(args: argparse.Namespace) -> int:
         parts = []
         described = [f"{s.name} ({s.where})" for s in sources]
         if args.max_tokens > 0:
-            target = LlamaModel(model, n_ctx=args.ctx, n_batch=args.ctx, n_seq_max=1, hidden=True)
+            target = LlamaModel(model, n_ctx=args.ctx, n_batch=args.ctx, n_seq_max=1, hidden=True, taps=taps)
             try:
                 parts.append(collect(target, texts(), args.max_tokens, chunk=args.ctx, progress=report))
             finally:
@@ -147,7 +178,7 @@ def _train(args: argparse.Namespace) -> int:
             width = max(1, min(args.parallel, 256))   # llama.cpp's most sequences
             target = LlamaModel(model, n_ctx=width * (_PROMPT + _GEN), n_batch=max(512, width),
                                 n_seq_max=width, hidden=True, unified=False,   # a stream each
-                                greedy_on_device=True)
+                                greedy_on_device=True, taps=taps)
             try:
                 parts.append(generate_corpus(target, itertools.chain([first], prompts), args.generated_tokens,
                                              gen_tokens=_GEN, prompt_tokens=_PROMPT, progress=report,
@@ -163,7 +194,7 @@ def _train(args: argparse.Namespace) -> int:
             raise LocalspecError("Too little to learn from", f"{0 if corpus is None else len(corpus.tokens)} "
                                  f"tokens from {len(order)} files", "Name more text, or raise --max-tokens")
         if kept is not None:
-            save_corpus(kept, corpus, {"target_id": heads.target_id(model), "text": described})
+            save_corpus(kept, corpus, {"target_id": heads.target_id(model), "text": described, "taps": list(taps)})
             report.say(f"kept the corpus in {kept}")
         report.say(f"training on {len(corpus.tokens):,} tokens")
         info = _train_corpus(args, model, out, corpus, report, described)
@@ -175,8 +206,19 @@ def _train_on(args: argparse.Namespace, model: Path, out: Path, corpus, kept: di
     """Training alone, on a corpus kept by an earlier run (--corpus)."""
     from .head_progress import head_report
 
+    import numpy as np
+
     with head_report(sys.stderr) as report:
         report.say(f"training on {len(corpus.tokens):,} tokens kept in {args.corpus}")
+        read_at = tuple(kept.get("taps", []))   # the layers the target was read at then
+        asked = read_at if args.taps is None else tap_layers(args.taps, model)
+        if asked == () and read_at:        # the last layer's states alone: a head without taps
+            corpus.hidden = np.ascontiguousarray(corpus.hidden[:, :corpus.hidden.shape[1] // (1 + len(read_at))])
+        elif asked != read_at:
+            raise LocalspecError("The kept corpus was read at other layers",
+                                 f"--taps {args.taps}: {args.corpus} holds layers {list(read_at)}",
+                                 "Leave out --taps (or pass none), or name another --corpus")
+        args.tap_layers = asked
         info = _train_corpus(args, model, out, corpus, report, kept.get("text", []))
     _wrote(args, out, info)
     return 0
@@ -189,7 +231,7 @@ def _train_corpus(args: argparse.Namespace, model: Path, out: Path, corpus, repo
 
     try:
         info = train(corpus, model, out, vocab_size=args.draft_vocab, steps=args.steps, batch=args.batch,
-                     length=args.length, ff=args.ff, noise=args.noise,
+                     length=args.length, ff=args.ff, noise=args.noise, taps=args.tap_layers,
                      seconds=None if args.minutes is None else 60 * args.minutes,
                      checkpoint=out.with_name(out.name + ".ckpt"), progress=report,
                      meta={"target": model.name, "text": text})

@@ -13,7 +13,8 @@ DUMP=FILE.npz saves the logits of batches of 1, 3 and 8 tokens (and skips the ti
 COMPARE=OTHER.npz too it prints how far they lie from another run's (GGML_CUDA_DISABLE_FUSION=1
 against a fused build, say: a kernel change must not move them).
 HIDDEN=1 opens the target with hidden states on, as a draft head needs (every row's final hidden
-state handed back each call): what that costs against the same sizes without.
+state handed back each call): what that costs against the same sizes without. TAPS=2,14 (hidden
+states implied) also hands back those layers' input states, as a head with taps needs.
 """
 from __future__ import annotations
 
@@ -35,6 +36,8 @@ def step(model: LlamaModel, n: int, all_rows: bool) -> None:
     tokens = (np.arange(n, dtype=np.int32) * 13 + 700) % model.vocab_size
     model.decode(tokens, np.arange(CONTEXT, CONTEXT + n, dtype=np.int32), logits=all_rows)
     model.logits()
+    if model.hidden:
+        model.hidden_rows()     # what a head reads back (with taps: their rows copied beside)
     model.seq_rm(0, CONTEXT, -1)
 
 
@@ -131,7 +134,9 @@ def dump(model: LlamaModel, path: str, compare: str | None) -> None:
 
 def main() -> None:
     sizes = [int(s) for s in sys.argv[2].split(",")] if len(sys.argv) > 2 else [1, 2, 3, 4, 6, 8, 16, 32]
-    model = LlamaModel(sys.argv[1], n_ctx=4096, n_seq_max=4, hidden=os.environ.get("HIDDEN") == "1")
+    taps = tuple(int(t) for t in os.environ.get("TAPS", "").split(",") if t)
+    model = LlamaModel(sys.argv[1], n_ctx=4096, n_seq_max=4, hidden=os.environ.get("HIDDEN") == "1" or bool(taps),
+                       taps=taps)
     model.prefill([t % model.vocab_size for t in range(1000, 1000 + CONTEXT)], 0)
     if os.environ.get("DUMP"):
         dump(model, os.environ["DUMP"], os.environ.get("COMPARE"))

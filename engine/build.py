@@ -69,11 +69,41 @@ def _unusable_installed_head(err: LocalspecError, path: Path) -> LocalspecError:
                           f"{err.fix}; or run without it: --no-head, or delete '{path}'")
 
 
+def head_taps(path: str | Path, target: str | Path | None = None) -> tuple[int, ...]:
+    """The target layers a head file reads beside the last (its shape's "taps"), which the target
+    must be opened with; () for a head without, or a meta that does not say (the head's own load
+    then says what is wrong with it). With `target`: refused, with the fix, where the target has
+    no such layers (a file made for another model)."""
+    from localspec.models.gguf_file import read_gguf
+    from localspec.models.head_file import bad_head, read_meta
+
+    try:
+        taps = read_meta(check_head_path(path)).get("shape", {}).get("taps", [])
+    except (LocalspecError, AttributeError):
+        return ()
+    if not (isinstance(taps, list) and all(isinstance(t, int) for t in taps)):
+        return ()
+    if target is not None and taps:
+        info = read_gguf(target)
+        n_layer = info.metadata.get(f"{info.architecture}.block_count")
+        if not isinstance(n_layer, int) or not all(0 <= t < n_layer for t in taps):
+            raise bad_head(Path(path), f"it reads layers {taps}; '{info.path.name}' has "
+                                       f"{n_layer if isinstance(n_layer, int) else 'no stated number of'} layers")
+    return tuple(taps)
+
+
 def load_head(path: str | Path, model: LlamaModel):
-    """A DraftHead for `model` (opened with hidden=True), on the GPU where there is one."""
+    """A DraftHead for `model` (opened with hidden=True and the head's taps), on the GPU where
+    there is one."""
+    from localspec.models.head_file import bad_head
+
     from .drafters.head import DraftHead   # torch is heavy: import only when used
 
-    return DraftHead(check_head_path(path), model.path, n_embd=model.n_embd, vocab_size=model.vocab_size)
+    head = DraftHead(check_head_path(path), model.path, n_embd=model.n_embd, vocab_size=model.vocab_size)
+    if head.shape.taps != model.taps:
+        raise bad_head(head.path, f"it reads the target's layers {list(head.shape.taps)}; the target "
+                                  f"was opened reading {list(model.taps)}")
+    return head
 
 
 def check_same_vocab(target: LlamaModel, draft: LlamaModel) -> None:
@@ -184,7 +214,8 @@ def load(options: Options, names: Sequence[str], *, measure: bool, refresh: bool
                        n_seq_max=max(2, nodes + 1) if spec else 1,
                        n_gpu_layers=options.n_gpu_layers, n_threads=options.n_threads,
                        n_batch=max(512, nodes + 2), n_pad_seqs=nodes + 1 if spec else 0,
-                       hidden="head" in names, exact=options.exact)
+                       hidden="head" in names, exact=options.exact,
+                       taps=head_taps(options.head, options.model) if "head" in names else ())
     opened: list[Any] = [model]    # closed on failure, the target last
     gguf = lm = head = store = None
     try:

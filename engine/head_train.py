@@ -61,7 +61,8 @@ def _quiet(event: Progress) -> None:
 @dataclass
 class Corpus:
     tokens: np.ndarray     # [N] int32, the text's tokens
-    hidden: np.ndarray     # [N, d] float16, the target's final hidden state after each token
+    hidden: np.ndarray     # [N, d * (1 + taps)] float16, the target's final hidden state after each
+                           # token, then the input states of the layers the target was tapped at
     chunk: np.ndarray      # [N] int32, which chunk each token came from (states never cross)
     source: np.ndarray     # [N] int32, which file (the held-out split is by file)
 
@@ -95,7 +96,7 @@ def collect(model, texts: Iterable[tuple[int, str]], max_tokens: int, chunk: int
     pairs), `chunk` tokens at a time from an empty cache, until `max_tokens`."""
     if not model.hidden:
         raise ValueError("collect() needs the target opened with hidden=True")
-    d = model.n_embd
+    d = model.n_feature   # the final state, and the taps' layer inputs after it
     tokens = np.zeros(max_tokens, np.int32)
     hidden = np.zeros((max_tokens, d), np.float16)
     chunk_of = np.zeros(max_tokens, np.int32)
@@ -162,7 +163,7 @@ def generate_corpus(model, prompts: Iterable[tuple[int, str]], max_tokens: int, 
     steps, the rest."""
     if not model.hidden:
         raise ValueError("generate_corpus() needs the target opened with hidden=True")
-    width, d = model.n_seq_max, model.n_embd
+    width, d = model.n_seq_max, model.n_feature
     tokens = np.zeros(max_tokens, np.int32)
     hidden = np.zeros((max_tokens, d), np.float16)
     chunk_of = np.zeros(max_tokens, np.int32)
@@ -317,7 +318,7 @@ def _pass_masks(length: int, passes: int, device) -> list:
 
 def train(corpus: Corpus, target_gguf: Path, out: Path, *, vocab_size: int = 8192,
           steps: int = 3000, batch: int = 32, length: int = 256, passes: int = 3, lr: float = 1e-3,
-          feature_weight: float = 0.1, ff: int | None = None, noise: float = 0.0,
+          feature_weight: float = 0.1, ff: int | None = None, noise: float = 0.0, taps: Sequence[int] = (),
           device: str | None = None, seed: int = 0,
           progress: ProgressFn = _quiet, meta: dict | None = None,
           tables: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
@@ -335,7 +336,9 @@ def train(corpus: Corpus, target_gguf: Path, out: Path, *, vocab_size: int = 819
     steps, which lowers `steps` to what the first ones' speed says fits (the learning rate's
     schedule follows). `noise`: uniform noise of this fraction of the states' RMS added to the
     target's states the first level reads while training (EAGLE's regulariser: drafting reads
-    predicted states, never the exact ones)."""
+    predicted states, never the exact ones). `taps`: the target layers whose input states the
+    corpus holds after each final state (the target was opened with them): the head learns to mix
+    them into the states it reads (`HeadNet.fuse`)."""
     import torch
     import torch.nn.functional as F
 
@@ -348,14 +351,17 @@ def train(corpus: Corpus, target_gguf: Path, out: Path, *, vocab_size: int = 819
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
-    n, d = corpus.hidden.shape
+    n, wide = corpus.hidden.shape
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     emb, out_all, norm = tables if tables is not None else target_tables(target_gguf, None)
-    full_vocab = emb.shape[0]
-    H = torch.from_numpy(corpus.hidden).to(dev)                              # [N, d] f16
+    full_vocab, d = emb.shape
+    if wide != d * (1 + len(taps)):
+        raise ValueError(f"the corpus holds {wide} numbers a token; a target {d} wide read at "
+                         f"{len(taps)} taps gives {d * (1 + len(taps))}")
+    H = torch.from_numpy(corpus.hidden).to(dev)                              # [N, wide] f16
     with torch.no_grad():   # the target's choice after each token: its output matrix on its state
         out_all_t = torch.from_numpy(out_all).to(dev)                        # f32: near-ties hold
-        label = torch.cat([(H[a:a + 4096].float() @ out_all_t.T).argmax(-1)
+        label = torch.cat([(H[a:a + 4096, :d].float() @ out_all_t.T).argmax(-1)
                            for a in range(0, n, 4096)]).cpu().numpy()
         del out_all_t
     # the draft vocabulary: the target's most frequent choices (ascending ids)
@@ -395,7 +401,7 @@ def train(corpus: Corpus, target_gguf: Path, out: Path, *, vocab_size: int = 819
     Y = torch.from_numpy(sub[label]).to(dev)                                 # [N] draft index
     E = torch.from_numpy(emb).to(dev, dtype)                                 # [V, d]
     out_w = torch.from_numpy(out_rows).to(dev, dtype)                        # [V_sub, d]
-    shape = HeadShape.for_target(d, ff)
+    shape = HeadShape.for_target(d, ff, tuple(taps))
     net = HeadNet(shape).to(dev)
     with torch.no_grad():
         net.norm.copy_(torch.from_numpy(norm))
@@ -411,7 +417,7 @@ def train(corpus: Corpus, target_gguf: Path, out: Path, *, vocab_size: int = 819
     offs = torch.arange(length + 1, device=dev)
     weights = [0.8 ** j for j in range(passes)]   # deeper levels matter less: fewer rounds reach them
 
-    rms = float(H[:min(n, 65536)].float().pow(2).mean().sqrt())
+    rms = float(H[:min(n, 65536), :d].float().pow(2).mean().sqrt())
 
     def unrolled(s: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
         """Per pass, logits [B, L, V_sub]; the windows' labels [B, L] and chunk ids [B, L+1]."""
@@ -420,7 +426,9 @@ def train(corpus: Corpus, target_gguf: Path, out: Path, *, vocab_size: int = 819
         same = seg[:, :, None] == seg[:, None, :length]                      # [B, L+1, L]
         pos = offs[:length].expand(len(s), -1)
         e = E[X[at[:, 1:]]]                                                  # [B, L, d] token after
-        f = H[at[:, :-1]].to(dtype)                                          # [B, L, d] true states
+        f = H[at[:, :-1]].to(dtype)                                          # [B, L, wide] true states
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=mixed):
+            f = net.fuse(f).to(dtype)                                        # [B, L, d]
         if noise > 0 and net.training:
             f = f + (torch.rand_like(f, dtype=torch.float32) * 2 - 1).to(dtype) * (noise * rms)
         keys, vals, logits, states = [], [], [], []
@@ -448,7 +456,7 @@ def train(corpus: Corpus, target_gguf: Path, out: Path, *, vocab_size: int = 819
             valid = (seg[:, 1:] == seg[:, :1]) & (t >= j)[None]
             y = torch.where(valid, Y[at[:, 1:]], -100)
             total = total + weights[j] * F.cross_entropy(logits[j].flatten(0, 1), y.flatten(), ignore_index=-100)
-            diff = F.smooth_l1_loss(states[j].float(), H[at[:, 1:]].float(), reduction="none").mean(-1)
+            diff = F.smooth_l1_loss(states[j].float(), H[at[:, 1:], :d].float(), reduction="none").mean(-1)
             total = total + weights[j] * feature_weight * (diff * valid).sum() / valid.sum().clamp(min=1)
             # a choice outside the draft vocabulary is a miss: the head can never draft it
             hits.append(((logits[j].argmax(-1) == y) & (y >= 0)).sum() / valid.sum().clamp(min=1))

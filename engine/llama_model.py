@@ -11,7 +11,7 @@ checked here first, so every command and the chat refuse it with the fix; its pr
 from __future__ import annotations
 
 from .native import (ExactNumerics, errors_since, gpu_offload_supported,  # first: see native.py
-                     has_exact_switches, last_log, log_mark)
+                     has_exact_switches, has_layer_inputs, last_log, layer_inputs_api, log_mark)
 
 import contextlib
 import ctypes
@@ -77,7 +77,7 @@ class LlamaModel:
     def __init__(self, path: str | Path, *, n_ctx: int = 4096, n_batch: int = 512,
                  n_seq_max: int = 64, n_gpu_layers: int = -1, n_threads: int | None = None,
                  n_pad_seqs: int = 0, hidden: bool = False, exact: bool = False,
-                 unified: bool = True, greedy_on_device: bool = False) -> None:
+                 unified: bool = True, greedy_on_device: bool = False, taps: Sequence[int] = ()) -> None:
         """n_seq_max: sequence ids 0..n_seq_max-1 for the caller; n_pad_seqs more after them are
         reserved for padding (decode's pad_to). hidden: every decode also hands back the final
         hidden state of each row with logits (`hidden_row`), what a draft head drafts from.
@@ -85,6 +85,10 @@ class LlamaModel:
         tags the context with every path); False splits n_ctx into one stream per sequence, so
         a row attends over its own sequence's cells only (many independent sequences at once:
         training a head on the target's continuations).
+        taps (with hidden): layers whose input states a row's hidden state carries too, after the
+        final one (0: the token's embedding; layer i's: the output of the layers below it):
+        `hidden_rows` is then [rows, n_embd * (1 + len(taps))] (`n_feature` wide), what a draft
+        head that reads low and middle layers (EAGLE-3's fused features) drafts from.
         greedy_on_device: each sequence gets llama.cpp's backend greedy sampler (its experimental
         backend-sampling API): a decode hands back each output row's most likely token
         (`sampled`), chosen where the model runs, and no row's logits are copied out (`logits`
@@ -179,6 +183,13 @@ class LlamaModel:
         self.hidden = self._opened_hidden = hidden
         if hidden:
             lc.llama_set_embeddings(self._ctx, True)
+        self.taps = tuple(int(t) for t in taps) if hidden else ()
+        try:
+            self._open_taps(n_batch)
+        except BaseException:
+            self.close()
+            raise
+        self.n_feature = self.n_embd * (1 + len(self.taps))
         all_seqs = n_seq_max + n_pad_seqs
         self._batch = lc.llama_batch_init(n_batch, 0, all_seqs)
         cap = n_batch
@@ -358,14 +369,49 @@ class LlamaModel:
                 ptr, shape=(self._n_outputs, self.vocab_size))
         return view if self._pick is None else view[self._pick]
 
+    def _open_taps(self, n_batch: int) -> None:
+        """Ask llama.cpp for the taps' layer inputs and make the buffer `hidden_rows` fills."""
+        if not self.taps:
+            self._wide = None
+            return
+        n_layer = lc.llama_model_n_layer(self._model)
+        if not has_layer_inputs(self.info.architecture):
+            raise LocalspecError("This llama.cpp cannot hand back the model's layer states",
+                                 f"a draft head reads layers {list(self.taps)} of '{self.path.name}' "
+                                 f"({self.info.architecture}); localspec's build serves Qwen2 models",
+                                 "Reinstall with `make install` (it builds llama.cpp with "
+                                 "packaging/patches), or train a head without --taps")
+        if not all(0 <= t < n_layer for t in self.taps):
+            raise LocalspecError("No such layers", f"taps {list(self.taps)}: '{self.path.name}' has "
+                                 f"layers 0..{n_layer - 1} to read", "Name layers in that range")
+        set_, _ = layer_inputs_api()
+        for t in self.taps:
+            set_(self._ctx, t, True)
+        self._wide = np.empty((n_batch, self.n_embd * (1 + len(self.taps))), np.float32)
+
+    def _widen(self, final: np.ndarray, rows: slice | np.ndarray) -> np.ndarray:
+        """`final` [n, n_embd] (the rows `rows` of the last decode) with the taps' layer inputs
+        of those rows after it, in the buffer made at open: [n, n_feature], valid until the next
+        call."""
+        n, d = len(final), self.n_embd
+        out = self._wide[:n]
+        out[:, :d] = final
+        _, get = layer_inputs_api()
+        for j, t in enumerate(self.taps):
+            layer = np.ctypeslib.as_array(get(self._ctx, t), shape=(self.n_batch, d))
+            out[:, d * (j + 1):d * (j + 2)] = layer[rows]
+        return out
+
     def hidden_row(self, i: int) -> np.ndarray:
         """[n_embd] float32: the final hidden state (after the output norm, the input of the
         output matrix) of batch row i of the last decode, which must have had logits there; a
-        zero-copy view, valid until the next decode. Needs the model opened with hidden=True."""
+        zero-copy view, valid until the next decode. Needs the model opened with hidden=True.
+        With taps: [n_feature], the taps' layer inputs after it, valid until the next call."""
         ptr = lc.llama_get_embeddings_ith(self._ctx, i)
         if not ptr:
             raise RuntimeError(f"no hidden state for batch row {i} ({last_log()})")
-        return np.ctypeslib.as_array(ptr, shape=(self.n_embd,))
+        final = np.ctypeslib.as_array(ptr, shape=(self.n_embd,))
+        return final if not self.taps else self._widen(final[None], slice(i, i + 1))[0]
 
     def set_hidden(self, on: bool) -> None:
         """From now on decode with hidden states or without, as if opened so (a draft head left
@@ -373,17 +419,19 @@ class LlamaModel:
         longer outputs every batch row. On only for a model opened with hidden=True."""
         if on and not self._opened_hidden:
             raise ValueError("set_hidden(True) needs the model opened with hidden=True")
-        lc.llama_set_embeddings(self._ctx, on)
-        self.hidden = on
+        self._switch_hidden(on)
 
     def hidden_rows(self) -> np.ndarray:
         """[n_outputs, n_embd] float32: every row's final hidden state of the last decode (with
         hidden states llama.cpp outputs every batch row, padding included), one zero-copy view,
-        valid until the next decode: what reading many rows costs one call, not one per row."""
+        valid until the next decode: what reading many rows costs one call, not one per row.
+        With taps: [n_outputs, n_feature], the taps' layer inputs after the final state, in a
+        buffer of the model's (valid until the next call)."""
         ptr = lc.llama_get_embeddings(self._ctx)
         if not ptr or not self.hidden or self._n_outputs == 0:
             raise RuntimeError(f"no hidden states in the last decode ({last_log()})")
-        return np.ctypeslib.as_array(ptr, shape=(self._n_outputs, self.n_embd))
+        final = np.ctypeslib.as_array(ptr, shape=(self._n_outputs, self.n_embd))
+        return final if not self.taps else self._widen(final, slice(0, self._n_outputs))
 
     def sampled(self, rows: Sequence[int] | np.ndarray) -> np.ndarray:
         """[len(rows)] int32: the token each batch row's sequence's backend greedy sampler chose
@@ -418,14 +466,21 @@ class LlamaModel:
         out, every row's logits); as it was after, whatever happens inside."""
         was = self.hidden
         if was:
-            lc.llama_set_embeddings(self._ctx, False)
-            self.hidden = False
+            self._switch_hidden(False)
         try:
             yield
         finally:
             if was:
-                lc.llama_set_embeddings(self._ctx, True)
-                self.hidden = True
+                self._switch_hidden(True)
+
+    def _switch_hidden(self, on: bool) -> None:
+        """Hidden states, and the taps' layer inputs with them, on or off for the decodes after."""
+        lc.llama_set_embeddings(self._ctx, on)
+        if self.taps:
+            set_, _ = layer_inputs_api()
+            for t in self.taps:
+                set_(self._ctx, t, on)
+        self.hidden = on
 
     def prefill_many(self, prompts: Sequence[Sequence[int]]) -> None:
         """Prompt i into sequence i from position 0, packed across sequences into batches of up
@@ -486,8 +541,9 @@ class LlamaModel:
         freed only leaks until the process ends."""
         ctx, self._ctx = getattr(self, "_ctx", None), None
         if ctx:
-            batch, self._batch = self._batch, None
-            lc.llama_batch_free(batch)
+            batch, self._batch = getattr(self, "_batch", None), None   # none yet: refused at open
+            if batch is not None:
+                lc.llama_batch_free(batch)
             lc.llama_free(ctx)
         samplers, self._samplers = getattr(self, "_samplers", []), []
         while samplers:

@@ -145,6 +145,27 @@ def has_tiled_min_switch() -> bool:
     return has_marker("localspec_tiled_mm_min_switch")
 
 
+def has_layer_inputs(arch: str) -> bool:
+    """Whether this llama.cpp hands back a layer's input for a model of architecture `arch`
+    (llama.cpp's llama_set_embeddings_layer_inp, which Qwen2's graph serves with packaging/patches;
+    llama.cpp aborts where a graph does not serve it, so nothing else is asked)."""
+    return (arch == "qwen2" and has_marker("localspec_qwen2_layer_inputs")
+            and hasattr(_raw._lib, "localspec_set_layer_input"))
+
+
+@functools.cache
+def layer_inputs_api() -> tuple:
+    """(set, get): llama_set_embeddings_layer_inp(ctx, layer, on) and
+    llama_get_embeddings_layer_inp(ctx, layer) -> float* ([n_batch, n_embd], a decode's every
+    token in batch order): llama.cpp's llama-ext.h, outside llama-cpp-python's bindings and
+    declared C++, so called through packaging/patches' C names. Only after `has_layer_inputs`."""
+    lib = _raw._lib
+    set_, get = lib.localspec_set_layer_input, lib.localspec_get_layer_input
+    set_.argtypes, set_.restype = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_bool], None
+    get.argtypes, get.restype = [ctypes.c_void_p, ctypes.c_uint32], ctypes.POINTER(ctypes.c_float)
+    return set_, get
+
+
 def gpu_offload_supported() -> bool:
     return bool(lc.llama_supports_gpu_offload())
 

@@ -2,8 +2,10 @@
 
 Arrays (float16 unless said): w_in [d, 2d]; the decoder layer's attn_norm [d], wq [H*hd, d],
 wk and wv [KVH*hd, d], wo [d, H*hd], mlp_norm [d], w_gate and w_up [ff, d], w_down [d, ff];
-norm [d]; vocab [V_sub] (target token ids, ascending, int32). meta: format, n_embd, the layer's
-shape ("shape": heads, kv_heads, head_dim, ff), the target's vocabulary size, file name and
+norm [d]; vocab [V_sub] (target token ids, ascending, int32); a head that reads the target's
+layers beside its last (the shape's "taps": layer indices, EAGLE-3's fused features) also w_taps
+[d, d*taps]. meta: format, n_embd, the layer's
+shape ("shape": heads, kv_heads, head_dim, ff, taps), the target's vocabulary size, file name and
 fingerprint ("target_id"), what it was trained on and how well it guessed
 (engine/drafters/head.py runs it, engine/head_train.py writes it). Reading needs numpy only, so
 `localspec head info` and `localspec list` do not load torch.
@@ -24,6 +26,7 @@ FORMAT = "localspec-head-2"   # 2: one attention layer over the head's own past 
 # entries say their sizes).
 MAX_HEAD_BYTES = 2 << 30
 ARRAYS = ("w_in", "attn_norm", "wq", "wk", "wv", "wo", "mlp_norm", "w_gate", "w_up", "w_down", "norm")
+OPTIONAL = ("w_taps",)   # a head with taps only
 
 
 def save_head(path: Path, arrays: dict[str, np.ndarray], vocab: np.ndarray, meta: dict) -> None:
@@ -62,7 +65,7 @@ def read_head(path: Path, arrays: bool = True) -> tuple[dict, dict[str, np.ndarr
             if meta.get("format") != FORMAT:
                 raise bad_head(path, f"format {meta.get('format')!r}, expected {FORMAT!r} "
                                      "(heads made before the attention head must be trained again)")
-            out = {k: z[k] for k in (*ARRAYS, "vocab")} if arrays else {}
+            out = {k: z[k] for k in (*ARRAYS, "vocab", *(o for o in OPTIONAL if o in z.files))} if arrays else {}
     except (OSError, ValueError, KeyError, IndexError, TypeError, AttributeError, zipfile.BadZipFile,
             EOFError) as err:   # .npy: np.load gives an array, which has no ["meta"]
         raise bad_head(path, f"cannot read it ({type(err).__name__}: {err})") from err

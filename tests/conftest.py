@@ -84,3 +84,22 @@ def tiny_head(tiny, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("head") / "tiny-head.npz"
     train(corpus, tiny.target_gguf, out, steps=200, batch=16, length=64, vocab_size=400, device="cpu")
     return out
+
+
+@pytest.fixture(scope="session")
+def tiny_head_taps(tiny, tmp_path_factory) -> Path:
+    """A head for the tiny target that also reads the inputs of its layers 1 and 2 (taps)."""
+    from localspec.engine.llama_model import LlamaModel
+    from localspec.engine.head_train import collect, train
+    from tiny_models import build_corpus
+
+    model = LlamaModel(tiny.target_gguf, n_ctx=256, n_batch=256, n_seq_max=1, hidden=True, n_threads=1,
+                       taps=(1, 2))
+    try:
+        corpus = collect(model, enumerate(build_corpus(n_docs=300)), 20_000, chunk=256)
+    finally:
+        model.close()
+    out = tmp_path_factory.mktemp("head") / "tiny-head-taps.npz"
+    train(corpus, tiny.target_gguf, out, steps=200, batch=16, length=64, vocab_size=400, device="cpu",
+          taps=(1, 2))
+    return out

@@ -219,6 +219,13 @@ class DraftHead:
         return state, logits, probs, top.indices
 
     @torch.inference_mode()
+    def fuse(self, f: torch.Tensor) -> torch.Tensor:
+        """The target's features ([n, n_feature]: its final states, then the tapped layers') as
+        the head's steps read them, [n, d] (`HeadNet.fuse`; a head without taps reads the final
+        states as they are)."""
+        return self.net.fuse(f) if self.shape.taps else f
+
+    @torch.inference_mode()
     def store(self, f: torch.Tensor, tokens: Sequence[int], pos: np.ndarray, slots: np.ndarray) -> None:
         """Pairs whose keys and values alone are wanted (committed text, read by later rows'
         attention): f [n, d] states before `tokens` [n] at positions `pos` [n], their keys and
@@ -442,7 +449,7 @@ class HeadDrafter:
         toks, p = np.asarray(self._toks[:n]), np.asarray(self._pos[:n], np.int64)
         del self._feats[:n], self._toks[:n], self._pos[:n]
         self._slot_pos[p % WINDOW] = p
-        return torch.from_numpy(feats).to(head.device, head.dtype), toks, p
+        return head.fuse(torch.from_numpy(feats).to(head.device, head.dtype)), toks, p
 
     def _store(self, n: int) -> None:
         """The first `n` queued pairs into the ring, keys and values alone (`DraftHead.store`)."""

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from localspec.models.head_file import ARRAYS
+from localspec.models.head_file import ARRAYS, OPTIONAL
 
 _EPS = 1e-6
 # grouped KV heads without copying them: torch 2.5's scaled_dot_product_attention(enable_gqa=)
@@ -41,23 +41,29 @@ class HeadShape:
     head_dim: int
     ff: int
     rope_base: float = 10000.0
+    taps: tuple[int, ...] = ()   # target layers whose input states the head reads beside the last
 
     @classmethod
-    def for_target(cls, d: int, ff: int | None = None) -> HeadShape:
+    def for_target(cls, d: int, ff: int | None = None, taps: tuple[int, ...] = ()) -> HeadShape:
         """Heads of 128 (64, or the whole width for tiny models); a quarter as many KV heads; an
         MLP as wide as the target (a wider one guessed no better in the same training time and
         stepped slower on a CPU: docs/decisions/0030)."""
         head_dim = next((h for h in (128, 64) if d % h == 0 and d > h), d)
         heads = d // head_dim
         kv = heads // 4 if heads >= 4 and heads % 4 == 0 else heads
-        return cls(d, heads, kv, head_dim, ff or d)
+        return cls(d, heads, kv, head_dim, ff or d, taps=tuple(taps))
 
     def to_json(self) -> dict:
-        return asdict(self)
+        out = asdict(self)
+        out["taps"] = list(self.taps)
+        return out
 
     @classmethod
     def from_json(cls, d: dict) -> HeadShape:
-        return cls(**{k: d[k] for k in ("d", "heads", "kv_heads", "head_dim", "ff", "rope_base")})
+        taps = d.get("taps", [])
+        if not isinstance(taps, list) or not all(isinstance(t, int) and t >= 0 for t in taps):
+            raise TypeError(f"taps {taps!r} is not a list of layer numbers")
+        return cls(**{k: d[k] for k in ("d", "heads", "kv_heads", "head_dim", "ff", "rope_base")}, taps=tuple(taps))
 
 
 def expected_shapes(shape: HeadShape) -> dict[str, tuple[int, ...]]:
@@ -65,7 +71,7 @@ def expected_shapes(shape: HeadShape) -> dict[str, tuple[int, ...]]:
     d, qd, kvd, ff = shape.d, shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim, shape.ff
     return {"w_in": (d, 2 * d), "attn_norm": (d,), "wq": (qd, d), "wk": (kvd, d), "wv": (kvd, d),
             "wo": (d, qd), "mlp_norm": (d,), "w_gate": (ff, d), "w_up": (ff, d), "w_down": (d, ff),
-            "norm": (d,)}
+            "norm": (d,), **({"w_taps": (d, d * len(shape.taps))} if shape.taps else {})}
 
 
 def shape_problem(meta: dict, arrays: dict[str, np.ndarray], n_embd: int, vocab_size: int) -> str | None:
@@ -75,11 +81,13 @@ def shape_problem(meta: dict, arrays: dict[str, np.ndarray], n_embd: int, vocab_
         shape = HeadShape.from_json(meta["shape"])
         if not all(isinstance(v, int) and v > 0 for v in (shape.heads, shape.kv_heads, shape.head_dim, shape.ff)):
             return f"its layer's shape {meta['shape']} is not positive integers"
-    except (KeyError, TypeError, AttributeError):
-        return "its meta has no layer shape"
+    except (KeyError, TypeError, AttributeError) as err:
+        return f"its meta has no layer shape ({err})"
     if shape.d != n_embd or shape.heads % shape.kv_heads:
         return f"its layer's shape {shape.to_json()} does not fit a target {n_embd} wide"
     for name, want in expected_shapes(shape).items():
+        if name not in arrays:
+            return f"its shape reads layers {list(shape.taps)} but it has no {name}"
         if arrays[name].dtype.kind != "f":
             return f"array {name} holds {arrays[name].dtype}, not floats"
         if arrays[name].shape != want:
@@ -130,6 +138,20 @@ class HeadNet(torch.nn.Module):
         self.norm = torch.nn.Parameter(torch.ones(d))
         for w in (self.wo, self.w_down):   # the layer starts near the identity on its input
             torch.nn.init.normal_(w.weight, std=0.02 / d ** 0.5)
+        if s.taps:   # zero: a new head starts as one without taps
+            self.w_taps = lin(d * len(s.taps), d)
+            torch.nn.init.zeros_(self.w_taps.weight)
+
+    def fuse(self, f: torch.Tensor) -> torch.Tensor:
+        """The target's features [..., d * (1 + taps)] (its final state, then the tapped layers'
+        input states) -> a state [..., d]: the final one, plus a learned mix of the tapped layers'
+        (each normalised alone: the residual stream grows through the layers). EAGLE-3 fuses
+        low, middle and last layers this way. The mix enters where the target's states do: a
+        tree node's input is its parent's predicted final state, as without taps."""
+        taps, d = len(self.shape.taps), self.shape.d
+        if not taps:
+            return f
+        return f[..., :d] + self.w_taps(rms(f[..., d:].unflatten(-1, (taps, d))).flatten(-2))
 
     def inputs(self, f: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
         return self.w_in(torch.cat([rms(f), rms(e)], dim=-1))
@@ -154,11 +176,14 @@ class HeadNet(torch.nn.Module):
         def value(name: str) -> torch.Tensor:
             p = getattr(self, name)
             return p.weight if isinstance(p, torch.nn.Linear) else p
-        return {k: value(k).detach().float().cpu().numpy().astype(np.float16) for k in ARRAYS}
+        return {k: value(k).detach().float().cpu().numpy().astype(np.float16) for k in self._names()}
+
+    def _names(self) -> tuple[str, ...]:
+        return ARRAYS + tuple(o for o in OPTIONAL if hasattr(self, o))
 
     def load_arrays(self, arrays: dict[str, np.ndarray]) -> None:
         with torch.no_grad():
-            for name in ARRAYS:
+            for name in self._names():
                 p = getattr(self, name)
                 (p.weight if isinstance(p, torch.nn.Linear) else p).copy_(
                     torch.from_numpy(arrays[name].astype(np.float32)))

@@ -41,6 +41,8 @@ CONFIGS = {
     "head-tree": ("head", False, TreeBudget(max_nodes=12), DraftLimits(max_depth=5, branching=2, width=4)),
     "head-staged": ("head", True, TreeBudget(max_nodes=16), DraftLimits(max_depth=6, branching=3, width=8, chain=4)),
     "head-adaptive": ("head", True, TreeBudget(max_nodes=16, adaptive=True), DraftLimits(max_depth=6, branching=3, width=8)),
+    # a head that reads two of the target's layers beside its last (taps)
+    "head-taps": ("head-taps", False, TreeBudget(max_nodes=12), DraftLimits(max_depth=5, branching=2, width=4)),
 }
 MAX_TOKENS = 48
 
@@ -74,7 +76,8 @@ def test_speculative_greedy_equals_plain(tiny, plain, name, tmp_path, monkeypatc
                      {1: 1e-4, 2: 1.1e-4, 4: 1.2e-4, 8: 1.3e-4})
         monkeypatch.setattr(build_module, "calibrate", lambda *a, **k: flat)
     draft = {"gguf": tiny.draft_gguf, "torch": tiny.draft_torch}.get(draft_kind)
-    head = request.getfixturevalue("tiny_head") if draft_kind == "head" else None
+    fixture = {"head": "tiny_head", "head-taps": "tiny_head_taps"}.get(draft_kind)
+    head = request.getfixturevalue(fixture) if fixture else None
     session = Session(Options(tiny.target_gguf, draft=draft, head=head, maxgram=maxgram, n_ctx=512,
                                    n_threads=1, budget=budget, draft_limits=limits, head_limits=limits))
     plain_session, outputs = plain

@@ -49,6 +49,68 @@ def test_hidden_states_are_the_output_matrix_input_and_leave_logits_alone(tiny):
         hidden.close()
 
 
+def test_taps_hand_back_layer_inputs_after_the_final_state(tiny):
+    """A target opened with taps: each row's final state as without, then the input state of each
+    tapped layer (layer 0's: the token's embedding row), and none of it with hidden states off."""
+    from localspec.engine.drafters.head import tensor_rows
+
+    plain = LlamaModel(tiny.target_gguf, n_ctx=256, n_batch=64, n_threads=1, hidden=True)
+    tapped = LlamaModel(tiny.target_gguf, n_ctx=256, n_batch=64, n_threads=1, hidden=True, taps=(0, 2))
+    try:
+        d = tapped.n_embd
+        assert tapped.n_feature == 3 * d and plain.n_feature == d
+        tokens = plain.tokenize("def add_3(x):\n    return x + 3\n", special=False)
+        for model in (plain, tapped):
+            model.decode(tokens, np.arange(len(tokens)), logits=True)
+        wide = tapped.hidden_rows().copy()
+        assert wide.shape == (len(tokens), 3 * d)
+        np.testing.assert_allclose(wide[:, :d], plain.hidden_rows(), atol=1e-5, rtol=1e-5)
+        emb = tensor_rows(tapped.info, "token_embd.weight", tokens)
+        np.testing.assert_allclose(wide[:, d:2 * d], emb, atol=1e-6, rtol=1e-6)
+        layer2 = wide[:, 2 * d:]
+        assert np.isfinite(layer2).all() and not np.allclose(layer2, wide[:, d:2 * d])
+        np.testing.assert_array_equal(tapped.hidden_row(3), wide[3])
+        tapped.set_hidden(False)        # bench's configurations without the head
+        tapped.clear()
+        tapped.decode(tokens, np.arange(len(tokens)), logits=False)
+        with pytest.raises(RuntimeError):
+            tapped.hidden_rows()
+        tapped.set_hidden(True)
+        tapped.clear()
+        tapped.decode(tokens, np.arange(len(tokens)), logits=True)
+        np.testing.assert_allclose(tapped.hidden_rows(), wide, atol=1e-5, rtol=1e-5)
+    finally:
+        plain.close()
+        tapped.close()
+    with pytest.raises(LocalspecError, match="No such layers"):
+        LlamaModel(tiny.target_gguf, n_ctx=256, n_batch=64, n_threads=1, hidden=True, taps=(4,))
+
+
+def test_head_with_taps_learns_and_needs_a_target_read_at_its_taps(tiny, tiny_head_taps):
+    from localspec.engine.build import head_taps, load_head
+
+    meta = json.loads(str(np.load(tiny_head_taps)["meta"]))
+    assert meta["shape"]["taps"] == [1, 2] and head_taps(tiny_head_taps) == (1, 2)
+    assert meta["held_out_top1"][0] > 0.3, meta
+    model = LlamaModel(tiny.target_gguf, n_ctx=256, n_batch=64, n_threads=1, hidden=True)
+    try:
+        with pytest.raises(LocalspecError, match=r"reads the target's layers \[1, 2\]"):
+            load_head(tiny_head_taps, model)
+    finally:
+        model.close()
+
+
+def test_taps_flag_names_layers_in_range(tiny):
+    from localspec.app.head_cmd import tap_layers
+
+    assert tap_layers("none", tiny.target_gguf) == ()
+    assert tap_layers("auto", tiny.target_gguf) == (2,)      # 4 layers: the middle one
+    assert tap_layers("3,1", tiny.target_gguf) == (1, 3)
+    for bad in ("4", "x", "1,,"):
+        with pytest.raises(LocalspecError, match="Invalid --taps"):
+            tap_layers(bad, tiny.target_gguf)
+
+
 def test_head_is_trained_to_predict_the_target(tiny, tiny_head):
     meta = json.loads(str(np.load(tiny_head)["meta"]))
     assert meta["vocab_size"] == tiny.vocab_size and meta["tokens"] > 10_000
