@@ -1,0 +1,90 @@
+"""Does a draft head guess better reading the target's low and middle layers beside its last
+(taps, EAGLE-3's fused features)? One corpus, read once with the taps, trains two heads with the
+same seed, steps and held-out files: one on the last layer's states alone, one with the taps.
+Prints each head's held-out top-1 by tree depth and writes both heads.
+
+    python dev/taps_ab.py TARGET.gguf --out DIR [--taps auto] [--text-tokens 1000000]
+        [--generated-tokens 1000000] [--parallel 256] [--generate-minutes 3] [--minutes 5]
+        [--steps 100000] [--batch 32] [--length 256]
+
+The text is `head train`'s default minus the chat history (the standard library, then
+site-packages), in its reading order. In memory only: a kept corpus with taps is three times a
+plain one's size (~9 KB a token for a 1536-wide target), more than a GPU host's disk should take.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from localspec.engine import torch_lm  # noqa: F401  (torch before llama.cpp: the measured load order)
+from localspec.engine.llama_model import LlamaModel
+
+import numpy as np  # noqa: E402
+
+from localspec.app.head_cmd import tap_layers  # noqa: E402
+from localspec.app.head_sources import Choice, list_sources, reading_order  # noqa: E402
+from localspec.engine.errors import LocalspecError  # noqa: E402
+from localspec.engine.head_train import Corpus, collect, function_prompts, generate_corpus, join, train  # noqa: E402
+
+
+def texts(order):
+    for i, (_, doc) in enumerate(order):
+        try:
+            yield i, doc.read()
+        except LocalspecError:
+            continue
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--taps", default="auto")
+    ap.add_argument("--text-tokens", type=int, default=1_000_000)
+    ap.add_argument("--generated-tokens", type=int, default=1_000_000)
+    ap.add_argument("--parallel", type=int, default=256)
+    ap.add_argument("--generate-minutes", type=float, default=3.0)
+    ap.add_argument("--minutes", type=float, default=5.0, help="training time a head")
+    ap.add_argument("--steps", type=int, default=100_000)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--length", type=int, default=256)
+    ap.add_argument("--ctx", type=int, default=512)
+    args = ap.parse_args()
+    model, out = Path(args.model), Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    taps = tap_layers(args.taps, model)
+    order = reading_order(list_sources(Choice(history=False)))
+    t = time.time()
+    parts = []
+    if args.text_tokens:
+        target = LlamaModel(model, n_ctx=args.ctx, n_batch=args.ctx, n_seq_max=1, hidden=True, taps=taps)
+        try:
+            parts.append(collect(target, texts(order), args.text_tokens, chunk=args.ctx))
+        finally:
+            target.close()
+        print(f"read {len(parts[-1].tokens):,} tokens in {time.time() - t:.0f} s", flush=True)
+    if args.generated_tokens:
+        t = time.time()
+        width = args.parallel
+        target = LlamaModel(model, n_ctx=width * 512, n_batch=max(512, width), n_seq_max=width, hidden=True,
+                            unified=False, greedy_on_device=True, taps=taps)
+        try:
+            parts.append(generate_corpus(target, function_prompts(texts(order)), args.generated_tokens, gen_tokens=256, prompt_tokens=256,
+                                         seconds=60 * args.generate_minutes))
+        finally:
+            target.close()
+        print(f"generated {len(parts[-1].tokens):,} tokens in {time.time() - t:.0f} s", flush=True)
+    corpus = join(*parts)
+    d = corpus.hidden.shape[1] // (1 + len(taps))
+    last_only = Corpus(corpus.tokens, np.ascontiguousarray(corpus.hidden[:, :d]), corpus.chunk, corpus.source)
+    for name, data, head_taps in (("last", last_only, ()), ("taps", corpus, taps)):
+        t = time.time()
+        info = train(data, model, out / f"head-{name}.npz", steps=args.steps, batch=args.batch,
+                     length=args.length, seconds=60 * args.minutes, taps=head_taps)
+        print(f"{name:>5} {list(head_taps)}: held-out top-1 by depth {info['held_out_top1']}, "
+              f"{info['steps']} steps in {time.time() - t:.0f} s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
