@@ -217,7 +217,7 @@ def ready_event(session: Session) -> Ready:
     if model.n_gpu_layers != 0:
         gpu = gpu_name()
         if gpu is not None:
-            blocks = model.info.metadata.get(f"{model.info.architecture}.block_count")
+            blocks = model.info.n_layer
             layers = model.n_gpu_layers if model.n_gpu_layers >= 0 else int(blocks or 0)
             if blocks:
                 layers = min(layers, int(blocks))

@@ -94,9 +94,8 @@ def tap_layers(spec: str, model: Path) -> tuple[int, ...]:
 
     if spec == "none":
         return ()
-    info = read_gguf(model)
-    n_layer = info.metadata.get(f"{info.architecture}.block_count")
-    if not isinstance(n_layer, int) or n_layer < 3:
+    n_layer = read_gguf(model).n_layer
+    if n_layer is None or n_layer < 3:
         raise LocalspecError("No layers to read", f"--taps {spec}: '{model.name}' does not say how many "
                              "layers it has, or has fewer than 3", "Use --taps none")
     if spec == "auto":

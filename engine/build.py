@@ -85,10 +85,10 @@ def head_taps(path: str | Path, target: str | Path | None = None) -> tuple[int, 
         return ()
     if target is not None and taps:
         info = read_gguf(target)
-        n_layer = info.metadata.get(f"{info.architecture}.block_count")
-        if not isinstance(n_layer, int) or not all(0 <= t < n_layer for t in taps):
+        n_layer = info.n_layer
+        if n_layer is None or not all(0 <= t < n_layer for t in taps):
             raise bad_head(Path(path), f"it reads layers {taps}; '{info.path.name}' has "
-                                       f"{n_layer if isinstance(n_layer, int) else 'no stated number of'} layers")
+                                       f"{n_layer or 'no stated number of'} layers")
     return tuple(taps)
 
 

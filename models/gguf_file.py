@@ -64,6 +64,13 @@ class GGUFInfo:
     # name -> (shape, innermost first as in GGUF; ggml type; absolute offset of its data)
     tensors: dict = field(default_factory=dict)
 
+    @property
+    def n_layer(self) -> int | None:
+        """The architecture's layer count (`ARCH.block_count`), or None where the header does not
+        say it."""
+        n = self.metadata.get(f"{self.architecture}.block_count")
+        return n if isinstance(n, int) and n > 0 else None
+
 
 # A model's fingerprint: what a draft head is trained for is the model's weights, but a start-up
 # cannot hash gigabytes. The header (every metadata key and value, the tokenizer's arrays included,
