@@ -136,7 +136,7 @@ def _train(args: argparse.Namespace) -> int:
     kept = Path(args.corpus).expanduser() if args.corpus else None
     if kept is not None and kept.exists():
         return _train_on(args, model, out, *load_corpus(kept, heads.target_id(model)))
-    args.tap_layers = taps = tap_layers(args.taps or "none", model)
+    taps = tap_layers(args.taps or "none", model)
     choice = Choice.from_args(args)
     sources = list_sources(choice)
     order = reading_order(sources)   # a document's index: its file id (the held-out split is by file)
@@ -196,7 +196,7 @@ def _train(args: argparse.Namespace) -> int:
             save_corpus(kept, corpus, {"target_id": heads.target_id(model), "text": described, "taps": list(taps)})
             report.say(f"kept the corpus in {kept}")
         report.say(f"training on {len(corpus.tokens):,} tokens")
-        info = _train_corpus(args, model, out, corpus, report, described)
+        info = _train_corpus(args, model, out, corpus, report, described, taps)
     _wrote(args, out, info)
     return 0
 
@@ -217,20 +217,21 @@ def _train_on(args: argparse.Namespace, model: Path, out: Path, corpus, kept: di
             raise LocalspecError("The kept corpus was read at other layers",
                                  f"--taps {args.taps}: {args.corpus} holds layers {list(read_at)}",
                                  "Leave out --taps (or pass none), or name another --corpus")
-        args.tap_layers = asked
-        info = _train_corpus(args, model, out, corpus, report, kept.get("text", []))
+        info = _train_corpus(args, model, out, corpus, report, kept.get("text", []), asked)
     _wrote(args, out, info)
     return 0
 
 
-def _train_corpus(args: argparse.Namespace, model: Path, out: Path, corpus, report, text: list) -> dict:
-    """Train the head on `corpus` as the flags say (`text`: what it was read from, for its meta);
+def _train_corpus(args: argparse.Namespace, model: Path, out: Path, corpus, report, text: list,
+                  taps: tuple[int, ...]) -> dict:
+    """Train the head on `corpus` as the flags say (`text`: what it was read from, for its meta;
+    `taps`: the layers its states hold beside the last);
     what training measured."""
     from localspec.engine.head_train import train
 
     try:
         info = train(corpus, model, out, vocab_size=args.draft_vocab, steps=args.steps, batch=args.batch,
-                     length=args.length, ff=args.ff, noise=args.noise, taps=args.tap_layers,
+                     length=args.length, ff=args.ff, noise=args.noise, taps=taps,
                      seconds=None if args.minutes is None else 60 * args.minutes,
                      checkpoint=out.with_name(out.name + ".ckpt"), progress=report,
                      meta={"target": model.name, "text": text})
