@@ -93,6 +93,38 @@ def test_a_kept_corpus_trains_again_without_reading_and_is_refused_for_another_t
     assert "another --corpus" in err.value.render()
 
 
+def test_a_corpus_kept_with_taps_trains_a_head_with_them_or_without_and_refuses_other_layers(tiny, tmp_path):
+    """`head train --taps 1,2 --corpus F` keeps the tapped states; from F, no --taps trains with
+    the same taps, --taps none on the last layer's states alone, other layers are refused."""
+    import json
+
+    import numpy as np
+
+    from localspec.app.cli import build_parser
+    from localspec.engine.errors import LocalspecError
+
+    text = tmp_path / "notes"
+    text.mkdir()
+    for i in range(3):
+        (text / f"m{i}.py").write_text(f'def add_{i}(a, b):\n    """The sum."""\n    return a + b + {i}\n\n' * 30)
+    kept = tmp_path / "corpus.npz"
+    common = ["head", "train", "--model", str(tiny.target_gguf), "--text", str(text), "--steps", "12",
+              "--batch", "4", "--length", "32", "--ctx", "128", "--no-history", "--no-stdlib",
+              "--no-site-packages", "--corpus", str(kept)]
+
+    def run(out: str, *flags: str) -> list:
+        args = build_parser().parse_args([*common, "--out", str(tmp_path / out), *flags])
+        assert args.run(args) == 0
+        return json.loads(str(np.load(tmp_path / out)["meta"]))["shape"]["taps"]
+
+    assert run("a.npz", "--taps", "1,2", "--max-tokens", "1500", "--generated-tokens", "0") == [1, 2]
+    assert run("b.npz") == [1, 2]
+    assert run("c.npz", "--taps", "none") == []
+    other = build_parser().parse_args([*common, "--out", str(tmp_path / "d.npz"), "--taps", "1"])
+    with pytest.raises(LocalspecError, match="read at other layers"):
+        other.run(other)
+
+
 def test_generated_continuations_are_the_targets_greedy_text_with_its_states(tiny):
     """generate_corpus runs several prompts side by side, one KV stream each (their prompts packed
     into batches that straddle sequences: n_batch 40 against 3 x 23 prompt tokens): every chunk
