@@ -148,9 +148,9 @@ def has_tiled_min_switch() -> bool:
 def has_layer_inputs(arch: str) -> bool:
     """Whether this llama.cpp hands back a layer's input for a model of architecture `arch`
     (llama.cpp's llama_set_embeddings_layer_inp, which Qwen2's graph serves with packaging/patches;
-    llama.cpp aborts where a graph does not serve it, so nothing else is asked)."""
-    return (arch == "qwen2" and has_marker("localspec_qwen2_layer_inputs")
-            and hasattr(_raw._lib, "localspec_set_layer_input"))
+    llama.cpp aborts where a graph does not serve it, so nothing else is asked; the same patch
+    gives the calls the C names `layer_inputs_api` binds)."""
+    return arch == "qwen2" and has_marker("localspec_qwen2_layer_inputs")
 
 
 @functools.cache

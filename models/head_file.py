@@ -3,9 +3,9 @@
 Arrays (float16 unless said): w_in [d, 2d]; the decoder layer's attn_norm [d], wq [H*hd, d],
 wk and wv [KVH*hd, d], wo [d, H*hd], mlp_norm [d], w_gate and w_up [ff, d], w_down [d, ff];
 norm [d]; vocab [V_sub] (target token ids, ascending, int32); a head that reads the target's
-layers beside its last (the shape's "taps": layer indices, EAGLE-3's fused features) also w_taps
-[d, d*taps]. meta: format, n_embd, the layer's
-shape ("shape": heads, kv_heads, head_dim, ff, taps), the target's vocabulary size, file name and
+layers beside its last (the shape's "taps": layer indices, EAGLE-3's fused features) also
+w_taps [d, d*taps]. meta: format, n_embd, the layer's shape ("shape": heads, kv_heads,
+head_dim, ff, taps), the target's vocabulary size, file name and
 fingerprint ("target_id"), what it was trained on and how well it guessed
 (engine/drafters/head.py runs it, engine/head_train.py writes it). Reading needs numpy only, so
 `localspec head info` and `localspec list` do not load torch.
