@@ -238,3 +238,41 @@ def test_backend_greedy_samplers_choose_each_rows_argmax_for_many_rows_and_seque
     finally:
         sampled.close()
         plain.close()
+
+
+def test_backend_greedy_samplers_of_every_row_take_one_argmax(tiny, monkeypatch):
+    """The batched argmax (packaging/patches) is the graph llama.cpp builds when every output
+    row's sequence samples greedily: ggml's scheduler, asked to print its node assignments
+    (GGML_SCHED_DEBUG=2), names the one argmax node of all the rows. It once went unused while
+    its tokens stayed right: a backend-initialised greedy sampler is named "+greedy"."""
+    import ctypes
+
+    import llama_cpp as lc
+    import numpy as np
+
+    from localspec.engine import native
+    from localspec.engine.llama_model import LlamaModel
+
+    lines: list[str] = []
+
+    @lc.llama_log_callback
+    def keep(level, text, user_data):
+        lines.append(text.decode("utf-8", errors="replace") if text else "")
+
+    monkeypatch.setenv("GGML_SCHED_DEBUG", "2")   # read when a context makes its scheduler
+    lc.llama_log_set(keep, ctypes.c_void_p(0))
+    try:
+        model = LlamaModel(tiny.target_gguf, n_ctx=64, n_batch=16, n_seq_max=2, hidden=True,
+                           unified=False, greedy_on_device=True, n_threads=1)
+        try:
+            lines.clear()   # the reserve graphs at open; the decode below is the one asked about
+            tokens = np.asarray(model.tokenize("def f(x):\n    return x\n", special=False)[:6], np.int32)
+            model.decode(tokens, np.r_[0:3, 0:3].astype(np.int32), [(0,)] * 3 + [(1,)] * 3, logits=True)
+            model.sampled(range(6))
+        finally:
+            model.close()
+    finally:
+        lc.llama_log_set(native._log_to_buffer, ctypes.c_void_p(0))
+    log = "".join(lines)
+    assert "greedy_argmax_all" in log
+    assert log.count("ARGMAX") == 1   # not one argmax a row
