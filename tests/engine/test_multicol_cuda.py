@@ -111,3 +111,30 @@ def test_cuda_multicol_adds_a_bias_row_in_its_store_with_the_bits_of_a_separate_
     for n in range(2, COLS + 1):
         assert np.array_equal(fused[f"w{n}"], plain[f"w{n}"] + bias), f"{n} columns"
     assert np.allclose(fused["w1"], plain["w1"] + bias, rtol=1e-6, atol=1e-6 * float(np.abs(plain["w1"]).max()))
+
+
+@pytest.mark.parametrize("kind", [Q4_K, Q6_K])
+def test_cuda_matmuls_by_the_same_columns_share_one_q8_1_copy_until_it_is_written_over(tmp_path, kind):
+    """packaging/patches' ggml-cuda-shared-q8_1: three matmuls by the same columns in one graph
+    quantize them once (the second and third find the copy held) and give, bit for bit, what each
+    gives alone. A copy written over the columns between the first and the second makes the
+    second quantize them anew: the second and third give the products of the new columns. Every
+    width 1..16 (ggml's mat-vec, then the kernels). CUDA graphs off: a replayed graph runs no
+    host code, so it would count no copy held."""
+    rng = np.random.default_rng(kind)
+    weights = rng.normal(size=(3, 200, 1536)).astype(np.float32)
+    acts, over = (rng.normal(size=(COLS, 1536)).astype(np.float32) for _ in range(2))
+    src, dst = tmp_path / "in.npz", tmp_path / "out.npz"
+    np.savez(src, kind=kind, weights=weights, acts=acts, overwrite=over)
+    script = Path(ggml_cuda.__file__)
+    subprocess.run([sys.executable, str(script), "--shared", str(src), str(dst)], check=True,
+                   cwd=script.parent, env={**os.environ, "GGML_CUDA_DISABLE_GRAPHS": "1"})
+    with np.load(dst) as out:
+        for n in range(1, COLS + 1):
+            assert out[f"held{n}"] == 2, f"{n} columns: the copy was not shared"
+            assert out[f"held_over{n}"] == 1, f"{n} columns: not forgotten when written over, or not shared after"
+            for i in range(3):
+                assert np.array_equal(out[f"s{n}_{i}"], out[f"a{n}_{i}"]), f"{n} columns, matmul {i}"
+            assert np.array_equal(out[f"o{n}_0"], out[f"a{n}_0"])
+            for i in (1, 2):
+                assert np.array_equal(out[f"o{n}_{i}"], out[f"z{n}_{i}"]), f"{n} columns, matmul {i} after the copy"
