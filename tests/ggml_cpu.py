@@ -44,6 +44,7 @@ def base() -> ctypes.CDLL:
     lib.ggml_new_tensor_1d.argtypes = [p, ctypes.c_int, ctypes.c_int64]
     lib.ggml_mul_mat.restype, lib.ggml_mul_mat.argtypes = p, [p, p, p]
     lib.ggml_add.restype, lib.ggml_add.argtypes = p, [p, p, p]
+    lib.ggml_cpy.restype, lib.ggml_cpy.argtypes = p, [p, p, p]
     lib.ggml_new_graph.restype, lib.ggml_new_graph.argtypes = p, [p]
     lib.ggml_build_forward_expand.argtypes = [p, p]
     lib.ggml_nbytes.restype, lib.ggml_nbytes.argtypes = size, [p]

@@ -89,7 +89,6 @@ def shared_q8_1(backend: int, kind: int, quantized: list[np.ndarray], rows: int,
     products and how many of the matmuls found the columns' q8_1 copy held (packaging/patches:
     ggml-cuda-shared-q8_1; -1: a build without it)."""
     lib = base()
-    lib.ggml_cpy.restype, lib.ggml_cpy.argtypes = ctypes.c_void_p, [ctypes.c_void_p] * 3
     ctx = lib.ggml_init(InitParams(1 << 20, None, True))
     buffer = None
     try:

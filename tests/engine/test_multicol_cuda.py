@@ -119,8 +119,9 @@ def test_cuda_matmuls_by_the_same_columns_share_one_q8_1_copy_until_it_is_writte
     quantize them once (the second and third find the copy held) and give, bit for bit, what each
     gives alone. A copy written over the columns between the first and the second makes the
     second quantize them anew: the second and third give the products of the new columns. Every
-    width 1..16 (ggml's mat-vec, then the kernels). CUDA graphs off: a replayed graph runs no
-    host code, so it would count no copy held."""
+    width 1..16: ggml's mat-vec at one column, the kernels from two (where ggml might otherwise
+    pick its tiled mul_mat_q, which quantizes in its own layout and shares nothing). CUDA graphs
+    off: a replayed graph runs no host code, so it would count no copy held."""
     rng = np.random.default_rng(kind)
     weights = rng.normal(size=(3, 200, 1536)).astype(np.float32)
     acts, over = (rng.normal(size=(COLS, 1536)).astype(np.float32) for _ in range(2))
@@ -128,7 +129,8 @@ def test_cuda_matmuls_by_the_same_columns_share_one_q8_1_copy_until_it_is_writte
     np.savez(src, kind=kind, weights=weights, acts=acts, overwrite=over)
     script = Path(ggml_cuda.__file__)
     subprocess.run([sys.executable, str(script), "--shared", str(src), str(dst)], check=True,
-                   cwd=script.parent, env={**os.environ, "GGML_CUDA_DISABLE_GRAPHS": "1"})
+                   cwd=script.parent,
+                   env={**os.environ, "GGML_CUDA_DISABLE_GRAPHS": "1", "GGML_CUDA_MULTICOL_MIN": "2"})
     with np.load(dst) as out:
         for n in range(1, COLS + 1):
             assert out[f"held{n}"] == 2, f"{n} columns: the copy was not shared"
