@@ -1,6 +1,7 @@
 """Does a draft head guess better reading the target's low and middle layers beside its last
 (taps, EAGLE-3's fused features)? One corpus, read once with the taps, trains two heads with the
-same seed, steps and held-out files: one on the last layer's states alone, one with the taps.
+same seed, held-out files and number of steps (the first head's in `--minutes`): one on the last
+layer's states alone, one with the taps.
 Prints each head's held-out top-1 by tree depth and writes both heads.
 
     python dev/taps_ab.py TARGET.gguf --out DIR [--taps auto] [--text-tokens 1000000]
@@ -78,12 +79,18 @@ def main() -> None:
     corpus = join(*parts)
     d = corpus.hidden.shape[1] // (1 + len(taps))
     last_only = Corpus(corpus.tokens, np.ascontiguousarray(corpus.hidden[:, :d]), corpus.chunk, corpus.source)
+    # the second head trains as many steps as the first did in its minutes (with twice the time
+    # to do them): at equal time a GPU's warm-up gave the second 12% more steps (0033's addendum)
+    steps, minutes = args.steps, args.minutes
     for name, data, head_taps in (("last", last_only, ()), ("taps", corpus, taps)):
         t = time.time()
-        info = train(data, model, out / f"head-{name}.npz", steps=args.steps, batch=args.batch,
-                     length=args.length, seconds=60 * args.minutes, taps=head_taps)
+        info = train(data, model, out / f"head-{name}.npz", steps=steps, batch=args.batch,
+                     length=args.length, seconds=60 * minutes, taps=head_taps)
         print(f"{name:>5} {list(head_taps)}: held-out top-1 by depth {info['held_out_top1']}, "
               f"{info['steps']} steps in {time.time() - t:.0f} s", flush=True)
+        if name == "taps" and info["steps"] < steps:
+            print(f"  (not an equal-steps A/B: the tapped head ran out of time at {info['steps']} of {steps})")
+        steps, minutes = info["steps"], 2 * args.minutes
 
 
 if __name__ == "__main__":
