@@ -205,14 +205,12 @@ def _train_on(args: argparse.Namespace, model: Path, out: Path, corpus, kept: di
     """Training alone, on a corpus kept by an earlier run (--corpus)."""
     from .head_progress import head_report
 
-    import numpy as np
-
     with head_report(sys.stderr) as report:
         report.say(f"training on {len(corpus.tokens):,} tokens kept in {args.corpus}")
         read_at = tuple(kept.get("taps", []))   # the layers the target was read at then
         asked = read_at if args.taps is None else tap_layers(args.taps, model)
         if asked == () and read_at:        # the last layer's states alone: a head without taps
-            corpus.hidden = np.ascontiguousarray(corpus.hidden[:, :corpus.hidden.shape[1] // (1 + len(read_at))])
+            corpus = corpus.last_layer(len(read_at))
         elif asked != read_at:
             raise LocalspecError("The kept corpus was read at other layers",
                                  f"--taps {args.taps}: {args.corpus} holds layers {list(read_at)}",

@@ -21,12 +21,10 @@ from pathlib import Path
 from localspec.engine import torch_lm  # noqa: F401  (torch before llama.cpp: the measured load order)
 from localspec.engine.llama_model import LlamaModel
 
-import numpy as np  # noqa: E402
-
 from localspec.app.head_cmd import tap_layers  # noqa: E402
 from localspec.app.head_sources import Choice, list_sources, reading_order  # noqa: E402
 from localspec.engine.errors import LocalspecError  # noqa: E402
-from localspec.engine.head_train import Corpus, collect, function_prompts, generate_corpus, join, train  # noqa: E402
+from localspec.engine.head_train import collect, function_prompts, generate_corpus, join, train  # noqa: E402
 
 
 def texts(order):
@@ -77,10 +75,9 @@ def main() -> None:
             target.close()
         print(f"generated {len(parts[-1].tokens):,} tokens in {time.time() - t:.0f} s", flush=True)
     corpus = join(*parts)
-    d = corpus.hidden.shape[1] // (1 + len(taps))
-    last_only = Corpus(corpus.tokens, np.ascontiguousarray(corpus.hidden[:, :d]), corpus.chunk, corpus.source)
+    last_only = corpus.last_layer(len(taps))
     # the second head trains as many steps as the first did in its minutes (with twice the time
-    # to do them): at equal time a GPU's warm-up gave the second 12% more steps (0033's addendum)
+    # to do them): at equal time the two need not get equal steps (0033's addendum)
     steps, minutes = args.steps, args.minutes
     for name, data, head_taps in (("last", last_only, ()), ("taps", corpus, taps)):
         t = time.time()

@@ -66,6 +66,12 @@ class Corpus:
     chunk: np.ndarray      # [N] int32, which chunk each token came from (states never cross)
     source: np.ndarray     # [N] int32, which file (the held-out split is by file)
 
+    def last_layer(self, n_taps: int) -> Corpus:
+        """This corpus, read at `n_taps` taps, as a corpus of the final states alone (what a head
+        without taps trains on): a copy of their columns."""
+        d = self.hidden.shape[1] // (1 + n_taps)
+        return Corpus(self.tokens, np.ascontiguousarray(self.hidden[:, :d]), self.chunk, self.source)
+
 
 # Folders below a root never read: caches, other environments' packages (a project's .venv holds
 # a copy of site-packages, which is not the user's code), and hidden ones (.git, .venv, .tox).
