@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import shutil
 import sys
 from pathlib import Path
 
@@ -58,9 +59,10 @@ def add_head(sub: argparse._SubParsersAction) -> None:
     train.add_argument("--ctx", type=int, default=512, help="tokens the target reads at a time")
     train.add_argument("--taps",
                        help="target layers the head reads beside the last (EAGLE-3's fused features): "
-                            "'auto' (a low and the middle one), layer numbers 'A,B', or 'none' (the "
-                            "default; with a kept --corpus: the layers it was read at, and 'none' "
-                            "trains on its last layer's states alone)")
+                            "'auto' (a low and the middle one), layer numbers 'A,B', or 'none'. Default: "
+                            "'auto' where the states they add (twice the last layer's) fit in half this "
+                            "machine's free memory, else 'none'; with a kept --corpus: the layers it was "
+                            "read at, and 'none' trains on its last layer's states alone")
     train.add_argument("--noise", type=float, default=0.0,
                        help="uniform noise, as a fraction of the states' size, on the target's states the "
                             "head reads while training (0..1; 0: none)")
@@ -110,6 +112,40 @@ def tap_layers(spec: str, model: Path) -> tuple[int, ...]:
     return taps
 
 
+def default_taps(model: Path, tokens: int, kept: Path | None) -> tuple[tuple[int, ...], str]:
+    """`--taps` left out: 'auto' (they guess better at no measured cost in a step:
+    docs/decisions/0033) where the corpus they triple still fits, else none; and a line saying
+    which. The corpus is held whole in host memory and on the training device (a GPU when
+    PyTorch has one), and written to `kept` if given: the states of `tokens` tokens, f16, the
+    target's width, must take at most half of what each has free."""
+    import torch
+
+    from localspec.models.fit import free_vram, mem_available
+    from localspec.models.gguf_file import read_gguf
+
+    info = read_gguf(model)
+    width = info.metadata.get(f"{info.architecture}.embedding_length")
+    if info.n_layer is None or info.n_layer < 3 or not isinstance(width, int):
+        return (), "taps: none (the model does not say its layers and width, or has fewer than 3 layers)"
+    taps = tap_layers("auto", model)
+    need = tokens * width * 2 * (1 + len(taps))
+    room = {"memory": mem_available()}
+    if torch.cuda.is_available():
+        room["GPU memory"] = free_vram()
+    if kept is not None:
+        room["disk"] = shutil.disk_usage(kept.parent if kept.parent.exists() else Path.cwd()).free
+    short = [f"{name} ({'unknown' if free is None else _gib(free)} free)"
+             for name, free in room.items() if free is None or need > free // 2]
+    if short:
+        return (), (f"taps: none: with layers {', '.join(map(str, taps))} the corpus would take {_gib(need)}, "
+                    f"more than half the {' and '.join(short)} (--taps auto asks for them anyway)")
+    return taps, f"taps: layers {', '.join(map(str, taps))} beside the last ({_gib(need)} of states; --taps none: a third)"
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
 def _info(path: Path) -> int:
     from localspec.models.head_file import read_head
 
@@ -136,7 +172,7 @@ def _train(args: argparse.Namespace) -> int:
     kept = Path(args.corpus).expanduser() if args.corpus else None
     if kept is not None and kept.exists():
         return _train_on(args, model, out, *load_corpus(kept, heads.target_id(model)))
-    taps = tap_layers(args.taps or "none", model)
+    taps = tap_layers(args.taps, model) if args.taps is not None else None
     choice = Choice.from_args(args)
     sources = list_sources(choice)
     order = reading_order(sources)   # a document's index: its file id (the held-out split is by file)
@@ -146,6 +182,9 @@ def _train(args: argparse.Namespace) -> int:
                              "Name files or folders holding *.py, *.md, *.txt or *.rst files with --text, "
                              "or leave out fewer sources")
     with head_report(sys.stderr) as report:
+        if taps is None:
+            taps, why = default_taps(model, args.max_tokens + args.generated_tokens, kept)
+            report.say(why)
         skipped: set[int] = set()
 
         def texts():   # (file id, text)
@@ -160,7 +199,10 @@ def _train(args: argparse.Namespace) -> int:
         parts = []
         described = [f"{s.name} ({s.where})" for s in sources]
         if args.max_tokens > 0:
-            target = LlamaModel(model, n_ctx=args.ctx, n_batch=args.ctx, n_seq_max=1, hidden=True, taps=taps)
+            # a greedy sampler on the device: llama.cpp then leaves every row's logits there, which
+            # collect never reads (docs/decisions/0030)
+            target = LlamaModel(model, n_ctx=args.ctx, n_batch=args.ctx, n_seq_max=1, hidden=True, taps=taps,
+                                greedy_on_device=True)
             try:
                 parts.append(collect(target, texts(), args.max_tokens, chunk=args.ctx, progress=report))
             finally:

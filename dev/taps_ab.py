@@ -57,7 +57,8 @@ def main() -> None:
     t = time.time()
     parts = []
     if args.text_tokens:
-        target = LlamaModel(model, n_ctx=args.ctx, n_batch=args.ctx, n_seq_max=1, hidden=True, taps=taps)
+        target = LlamaModel(model, n_ctx=args.ctx, n_batch=args.ctx, n_seq_max=1, hidden=True, taps=taps,
+                            greedy_on_device=True)
         try:
             parts.append(collect(target, texts(order), args.text_tokens, chunk=args.ctx))
         finally:
@@ -79,6 +80,7 @@ def main() -> None:
     # the second head trains as many steps as the first did in its minutes (with twice the time
     # to do them): at equal time the two need not get equal steps (0033's addendum)
     steps, minutes = args.steps, args.minutes
+    first = {}
     for name, data, head_taps in (("last", last_only, ()), ("taps", corpus, taps)):
         t = time.time()
         info = train(data, model, out / f"head-{name}.npz", steps=steps, batch=args.batch,
@@ -88,6 +90,8 @@ def main() -> None:
         if name == "taps" and info["steps"] < steps:
             print(f"  (not an equal-steps A/B: the tapped head ran out of time at {info['steps']} of {steps})")
         steps, minutes = info["steps"], 2 * args.minutes
+        first[name] = float(info["held_out_top1"][0])
+    print(f"higher at depth 1: {max(first, key=first.get)}", flush=True)
 
 
 if __name__ == "__main__":

@@ -125,6 +125,54 @@ def test_a_corpus_kept_with_taps_trains_a_head_with_them_or_without_and_refuses_
         other.run(other)
 
 
+def test_head_train_reads_the_taps_by_default_only_where_the_corpus_they_triple_fits(tiny, tmp_path,
+                                                                                  monkeypatch):
+    """--taps left out: the target's 'auto' layers where the corpus with them (the last layer's
+    states and one more a tap, f16) takes at most half the free memory, and half the free disk
+    when --corpus keeps it; none, saying why and what asks for them anyway, where it would not
+    or where the free memory is unknown. A real run without --taps (a small corpus, which fits):
+    a head with the taps."""
+    import json
+    import shutil
+    from collections import namedtuple
+
+    import numpy as np
+    import torch
+
+    from localspec.app.cli import build_parser
+    from localspec.app.head_cmd import default_taps
+    from localspec.models import fit
+    from localspec.models.gguf_file import read_gguf
+
+    info = read_gguf(tiny.target_gguf)
+    width = info.metadata[f"{info.architecture}.embedding_length"]
+    need = 10_000 * width * 2 * 2       # the tiny target has 4 layers: 'auto' is layer 2 alone
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(fit, "mem_available", lambda: 2 * need)
+    taps, why = default_taps(tiny.target_gguf, 10_000, None)
+    assert taps == (2,) and why.startswith("taps: layers 2 beside the last")
+    for free in (2 * need - 1, None):
+        monkeypatch.setattr(fit, "mem_available", lambda free=free: free)
+        taps, why = default_taps(tiny.target_gguf, 10_000, None)
+        assert taps == () and "memory" in why and "--taps auto" in why
+    monkeypatch.setattr(fit, "mem_available", lambda: 100 * need)
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(need, 0, need))
+    taps, why = default_taps(tiny.target_gguf, 10_000, tmp_path / "corpus.npz")
+    assert taps == () and "disk" in why and "memory" not in why
+    monkeypatch.undo()
+
+    text = tmp_path / "notes"
+    text.mkdir()
+    (text / "m.py").write_text('def add(a, b):\n    """The sum."""\n    return a + b\n\n' * 60)
+    args = build_parser().parse_args(["head", "train", "--model", str(tiny.target_gguf), "--text", str(text),
+                                      "--no-history", "--no-stdlib", "--no-site-packages", "--steps", "4",
+                                      "--batch", "4", "--length", "32", "--ctx", "128", "--max-tokens", "1500",
+                                      "--generated-tokens", "0", "--out", str(tmp_path / "h.npz")])
+    assert args.run(args) == 0
+    assert json.loads(str(np.load(tmp_path / "h.npz")["meta"]))["shape"]["taps"] == [2]
+
+
 def test_generated_continuations_are_the_targets_greedy_text_with_its_states(tiny):
     """generate_corpus runs several prompts side by side, one KV stream each (their prompts packed
     into batches that straddle sequences: n_batch 40 against 3 x 23 prompt tokens): every chunk
