@@ -42,6 +42,7 @@ from llama_cpp import llama_cpp as _raw  # noqa: E402
 
 TILED_MIN = "GGML_CPU_TILED_MM_MIN"   # packaging/patches: fewest batch rows on ggml's tiled matmul
 FA_SPLIT_KV = "GGML_CPU_FA_SPLIT_KV"  # packaging/patches: 0 keeps one query's KV cells on one thread
+FA_ROWS = "GGML_CPU_FA_ROWS"  # packaging/patches: 0 keeps a verify's rows on ggml's per-row attention
 MULTICOL_MAX = "GGML_CPU_MULTICOL_MAX"  # packaging/patches: most batch rows on the multi-column kernels
 MULTICOL_MIN = "GGML_CPU_MULTICOL_MIN"  # packaging/patches: 1 puts one-row decodes on them too
 
@@ -226,7 +227,8 @@ def switched(values: Mapping[str, str], steps: Generator[T, None, None]) -> Iter
             steps.close()        # a generation left early unwinds under its switches too
 
 
-EXACT_SWITCHES = {TILED_MIN: str(1 << 30), FA_SPLIT_KV: "0", MULTICOL_MIN: "1", MULTICOL_MAX: str(1 << 30)}
+EXACT_SWITCHES = {TILED_MIN: str(1 << 30), FA_SPLIT_KV: "0", FA_ROWS: "0", MULTICOL_MIN: "1",
+                  MULTICOL_MAX: str(1 << 30)}
 
 
 class ExactNumerics:

@@ -13,6 +13,9 @@ from localspec.engine.target import Target
 from localspec.engine.tree import DraftTree
 
 ATOL = 2e-3   # batch composition changes llama.cpp's float summation order, not the result
+# a tree's rows take packaging/patches' f32 attention for few rows (docs/decisions/0034), the
+# one-token reference ggml's loop, which sums in f16: further apart, still one argmax
+ATOL_FEW_ROWS = 5e-3
 
 
 @pytest.fixture(scope="module")
@@ -58,14 +61,18 @@ def verified(model: LlamaModel, text: str, tokens: list[int]):
     return context, target, tree, rows
 
 
-def test_tree_logits_equal_each_paths_own_logits(models, tiny):
+@pytest.mark.parametrize("few_rows", ["0", "1"])
+def test_tree_logits_equal_each_paths_own_logits(models, tiny, monkeypatch, few_rows):
+    """With ggml's attention loop for the tree's rows and with the few-rows path (GGML_CPU_FA_ROWS,
+    read on each call): each node's logits are its own path's."""
+    monkeypatch.setenv("GGML_CPU_FA_ROWS", few_rows)
     model, ref = models
     context, target, tree, rows = verified(model, "def add(a, b):\n    return", [11, 12, 13, 14, 15, 16, 17])
     for node in range(tree.n):
         path = context + tree.path_tokens(node)
         expect = fresh_logits(ref, path)[-1]
         assert np.argmax(rows[node]) == np.argmax(expect)
-        np.testing.assert_allclose(rows[node], expect, atol=ATOL)
+        np.testing.assert_allclose(rows[node], expect, atol=ATOL if few_rows == "0" else ATOL_FEW_ROWS)
 
 
 @pytest.mark.parametrize("accept", ["none", "first-branch", "second-branch-deep", "leaf"])
