@@ -153,7 +153,7 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     add_model_options(p, model_help="target model: a .gguf file")
     add_sampling_options(p)
     add_threads_option(p)
-    p.add_argument("--workload", default="humaneval", choices=["humaneval", "edit", "chat", "newcode"])
+    p.add_argument("--workload", default="humaneval", choices=["humaneval", "edit", "chat", "longchat", "newcode"])
     p.add_argument("--limit", type=int, default=None, help="first N problems only")
     p.add_argument("--configs", default=None,
                    help="comma-separated (default: all but the head's, and with --head those too): "

@@ -4,6 +4,9 @@
 - edit: a canonical solution handed back through the chat template with an instruction to change
   it; the answer repeats much of the input, which is where context matching shines.
 - chat: a multi-turn conversation whose later turns revisit earlier material.
+- longchat: the same request at the end of a chat that has gone through six problems' code first
+  (a context of ~2,000 tokens: where a verify's attention, which grows with its rows times the
+  context, is a large part of its cost).
 - newcode: raw completions of function specs written for localspec (app/newcode.py), in no
   benchmark and no corpus: where nothing repeats, so speculation must not lose there.
 """
@@ -57,14 +60,22 @@ def build(workload: str, limit: int | None, raw: Callable[[str], list[int]],
             msg = f"{EDITS[i % len(EDITS)]}\n\n```python\n{code}```"
             out.append(Prompt(p["task_id"], tuple(chat([{"role": "user", "content": msg}]))))
         return out
-    if workload == "chat":
+    if workload in ("chat", "longchat"):
+        every = humaneval_problems()
         out = []
         for i, p in enumerate(problems):
-            code = p["prompt"] + p["canonical_solution"]
-            turns = [{"role": "user", "content": f"Here is my code:\n```python\n{code}```\nWhat does it do?"},
-                     {"role": "assistant", "content": "It " + p["prompt"].split('"""')[1].strip()[:400]
-                      if '"""' in p["prompt"] else "It solves the task described in its name."},
-                     {"role": "user", "content": "Show the code again with one improvement, in full."}]
+            # longchat: five more problems discussed before this one, the request about the last
+            shown = [every[(i + j) % len(every)] for j in range(5, 0, -1)] if workload == "longchat" else []
+            turns = [t for q in [*shown, p] for t in _discussed(q)]
+            turns.append({"role": "user", "content": "Show the code again with one improvement, in full."})
             out.append(Prompt(p["task_id"], tuple(chat(turns))))
         return out
-    raise LocalspecError("Unknown workload", f"'{workload}'", "Use humaneval, edit, chat or newcode")
+    raise LocalspecError("Unknown workload", f"'{workload}'", "Use humaneval, edit, chat, longchat or newcode")
+
+
+def _discussed(p: dict) -> list[dict]:
+    """A user showing a problem's code and asking what it does, and the answer."""
+    code = p["prompt"] + p["canonical_solution"]
+    return [{"role": "user", "content": f"Here is my code:\n```python\n{code}```\nWhat does it do?"},
+            {"role": "assistant", "content": "It " + p["prompt"].split('"""')[1].strip()[:400]
+             if '"""' in p["prompt"] else "It solves the task described in its name."}]
