@@ -123,11 +123,14 @@ def default_taps(model: Path, tokens: int, kept: Path | None) -> tuple[tuple[int
     from localspec.models.fit import free_vram, mem_available
     from localspec.models.gguf_file import read_gguf
 
+    try:
+        taps = tap_layers("auto", model)   # its rule for which models have layers to tap
+    except LocalspecError as err:
+        return (), f"taps: none ({err.cause})"
     info = read_gguf(model)
     width = info.metadata.get(f"{info.architecture}.embedding_length")
-    if info.n_layer is None or info.n_layer < 3 or not isinstance(width, int):
-        return (), "taps: none (the model does not say its layers and width, or has fewer than 3 layers)"
-    taps = tap_layers("auto", model)
+    if not isinstance(width, int):
+        return (), "taps: none (the model does not say its width)"
     need = tokens * width * 2 * (1 + len(taps))
     room = {"memory": mem_available()}
     if torch.cuda.is_available():
