@@ -50,7 +50,8 @@ def build(workload: str, limit: int | None, raw: Callable[[str], list[int]],
     if workload == "newcode":
         from .newcode import PROMPTS
         return [Prompt(name, tuple(raw(text))) for name, text in PROMPTS[:limit]]
-    problems = humaneval_problems()[:limit]
+    every = humaneval_problems()
+    problems = every[:limit]
     if workload == "humaneval":
         return [Prompt(p["task_id"], tuple(raw(p["prompt"])), p) for p in problems]
     if workload == "edit":
@@ -61,7 +62,6 @@ def build(workload: str, limit: int | None, raw: Callable[[str], list[int]],
             out.append(Prompt(p["task_id"], tuple(chat([{"role": "user", "content": msg}]))))
         return out
     if workload in ("chat", "longchat"):
-        every = humaneval_problems()
         out = []
         for i, p in enumerate(problems):
             # longchat: five more problems discussed before this one, the request about the last
