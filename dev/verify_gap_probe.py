@@ -1,0 +1,142 @@
+"""Where an engine's verify costs more than the calibration's batch of the same size.
+
+The calibration (engine/calibrate.py) times a batch of n tokens in one sequence after a short
+context, every row with logits. The engine's verify of an n-node tree (engine/target.py) adds:
+one sequence per leaf (seq_cp of the context to each, every node carrying the ids of the paths
+through it), padding rows and sequences (shapes.py), hidden states and the taps' layer inputs
+when a head drafts, a longer context, and the rollback (keep_path). This times each addition on
+its own, one target, alternated round by round, so the gap splits into its parts.
+
+Usage: python3 dev/verify_gap_probe.py TARGET.gguf [--nodes 12] [--contexts 300,700]
+       [--taps 2,14] [--rounds 40]
+Prints, per context, ms per verify (median) for:
+  calib        n tokens in sequence 0, logits for every row (what calibrate measures)
+  calib+hid    the same with hidden states (and taps) handed back
+  tree         the n-node tree as Target.verify decodes it, unpadded, rollback timed apart
+  tree+pad     padded as a GPU engine pads it (STABLE: nodes + 2 rows, sequences topped up)
+  tree+bucket  padded to the next bucket, rows only (BUCKETS)
+  tree+hid     tree+pad with hidden states (and taps) on, as the head configuration runs
+  tree+hid+rd  tree+hid reading every row's hidden state (the head's next input), as it does
+and the rollback's ms (keep_path) after a tree.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+from localspec.engine.llama_model import LlamaModel  # llama.cpp before numpy: the GPU host needs it
+
+import numpy as np  # noqa: E402
+
+from localspec.engine.shapes import bucket  # noqa: E402
+from localspec.engine.target import Target  # noqa: E402
+from localspec.engine.tree import DraftTree  # noqa: E402
+
+
+def head_like_tree(nodes: int, root: int, vocab: int) -> DraftTree:
+    """A tree shaped as a head grows one: top-3 at the root, top-2 under the best child at each
+    level after, the rest of the nodes down the best path (a few leaves, a long spine)."""
+    tree = DraftTree(nodes + 1)
+    tree.reset(root)
+    rng = np.random.default_rng(0)
+    spine, width = 0, 3
+    while tree.n < nodes:
+        first = -1
+        for _ in range(min(width, nodes - tree.n)):
+            child = tree.add(spine, int(rng.integers(100, vocab - 100)), -0.5, 0)
+            first = child if first < 0 else first
+        spine, width = first, 2 if tree.n < nodes // 2 else 1
+    return tree
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("target")
+    ap.add_argument("--nodes", type=int, default=12)
+    ap.add_argument("--contexts", default="300,700")
+    ap.add_argument("--taps", default="2,14")
+    ap.add_argument("--rounds", type=int, default=40)
+    args = ap.parse_args()
+    taps = tuple(int(t) for t in args.taps.split(",") if t) if args.taps != "none" else ()
+    nodes = args.nodes
+    model = LlamaModel(args.target, n_ctx=4096, n_seq_max=nodes + 2, n_pad_seqs=nodes + 2,
+                       n_batch=512, hidden=True, taps=taps)
+    target = Target(model)
+    vocab = model.vocab_size
+    print(f"{args.target}: {nodes} nodes, taps {list(taps)}, offloaded layers {model.n_gpu_layers}, "
+          f"{model.n_threads} threads", flush=True)
+    for context in (int(c) for c in args.contexts.split(",")):
+        target.reset()
+        model.set_hidden(False)
+        prompt = list((np.arange(context) * 7919 % (vocab - 200) + 100).astype(np.int32))
+        target.prefill(prompt[:-1])
+        root = int(prompt[-1])
+        tree = head_like_tree(nodes, root, vocab)
+        flat = np.asarray(tree.tokens[:tree.n])
+        pos = np.arange(target.n_past, target.n_past + tree.n, dtype=np.int32)
+        times: dict[str, list[float]] = {}
+        rollback: list[float] = []
+        parts = {lambda: model.seq_keep(0): [], lambda: model.seq_rm(0, target.n_past + 50, -1): [],
+                 lambda: model.seq_cp(0, 1, -1, -1): [], lambda: model.seq_rm(1, -1, -1): []}
+
+        def calib(hidden: bool) -> float:
+            t = time.perf_counter()
+            model.decode(flat, pos, None, logits=True)
+            _ = model.logits()[:tree.n]
+            if hidden:
+                _ = model.hidden_rows()
+            spent = time.perf_counter() - t
+            model.seq_rm(0, target.n_past, -1)
+            return spent
+
+        def verify(pad_to: int, top_up: bool, hidden: bool, read: bool) -> float:
+            t = time.perf_counter()
+            rows = target.verify(tree, pad_to, top_up)
+            _ = int(np.argmax(rows[0]))
+            if read:
+                _ = model.hidden_rows()[:tree.n].copy()
+            spent = time.perf_counter() - t
+            t = time.perf_counter()
+            target.commit(tree, [])          # the root alone stays: one cell more of context
+            rollback.append(time.perf_counter() - t)
+            for op, ts in parts.items():     # keep_path's steps, timed once more on a no-op
+                t = time.perf_counter()
+                op()
+                ts.append(time.perf_counter() - t)
+            model.seq_rm(0, target.n_past - 1, -1)
+            target.n_past -= 1
+            return spent
+
+        stable = min(nodes + 2, target.room)
+        buck = bucket(tree.n, nodes + 1)
+        variants = {
+            "calib": lambda: calib(False),
+            "calib+hid": lambda: calib(True),
+            "tree": lambda: verify(0, True, False, False),
+            "tree+pad": lambda: verify(stable, True, False, False),
+            "tree+bucket": lambda: verify(buck, False, False, False),
+            "tree+hid": lambda: verify(stable, True, True, False),
+            "tree+hid+rd": lambda: verify(stable, True, True, True),
+        }
+        # blocks of 10 calls a variant, the last 8 counted (a GPU replays its CUDA graph only
+        # after two calls of one shape), blocks alternated so drift hits every variant alike
+        for block in range(1 + max(1, args.rounds // 8)):
+            for name, run in variants.items():
+                model.set_hidden("hid" in name)   # once a block: a switch rebuilds llama.cpp's graph
+                spent = [run() for _ in range(10)][2:]
+                if block:
+                    times.setdefault(name, []).extend(spent)
+        print(f"  context {context}: tree of {tree.n} nodes, {len(tree.layout().leaf_seq)} leaves, "
+              f"padded {stable} (STABLE) / {buck} (BUCKETS)")
+        for name, ts in times.items():
+            print(f"    {name:12s} {1e3 * statistics.median(ts):7.3f} ms")
+        print(f"    {'rollback':12s} {1e3 * statistics.median(rollback):7.3f} ms", flush=True)
+        steps = ("seq_keep", "seq_rm tail", "seq_cp", "seq_rm seq")
+        print("    " + ", ".join(f"{name} {1e3 * statistics.median(ts):.3f}"
+                                  for name, ts in zip(steps, parts.values())) + " ms (no-ops)")
+    model.close()
+
+
+if __name__ == "__main__":
+    main()
