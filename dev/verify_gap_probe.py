@@ -17,7 +17,12 @@ Prints, per context, ms per verify (median) for:
   tree+bucket  padded to the next bucket, rows only (BUCKETS)
   tree+hid     tree+pad with hidden states (and taps) on, as the head configuration runs
   tree+hid+rd  tree+hid reading every row's hidden state (the head's next input), as it does
-and the rollback's ms (keep_path) after a tree.
+and the rollback's ms (Target.commit) after a tree.
+
+--bookkeeping instead runs rounds as an engine does (verify a tree, commit its first node, the
+context growing) and prints the ms per round spent in the cache's sequence operations alone
+(seq_cp, seq_rm, seq_keep, drop_padding; the CPU-side part of a round that grows with the
+context, docs/decisions/0035), split into the verify's and the commit's.
 """
 from __future__ import annotations
 
@@ -50,6 +55,42 @@ def head_like_tree(nodes: int, root: int, vocab: int) -> DraftTree:
     return tree
 
 
+KV_OPS = ("seq_cp", "seq_rm", "seq_keep", "drop_padding")
+
+
+def bookkeeping(model: LlamaModel, target: Target, nodes: int, contexts: list[int], rounds: int) -> None:
+    """ms per round in the cache's sequence operations, the verify's and the commit's."""
+    spent = {"verify": 0.0, "commit": 0.0}
+    phase = ["verify"]
+    for name in KV_OPS:                                  # timed wrappers on this instance
+        op = getattr(model, name)
+
+        def timed(*a, _op=op, **k):
+            t = time.perf_counter()
+            _op(*a, **k)
+            spent[phase[0]] += time.perf_counter() - t
+        setattr(model, name, timed)
+    vocab = model.vocab_size
+    model.set_hidden(False)
+    for context in contexts:
+        target.reset()
+        prompt = list((np.arange(context) * 7919 % (vocab - 200) + 100).astype(np.int32))
+        target.prefill(prompt[:-1])
+        root = int(prompt[-1])
+        for key in spent:
+            spent[key] = 0.0
+        for _ in range(rounds):
+            tree = head_like_tree(nodes, root, vocab)
+            phase[0] = "verify"
+            target.verify(tree, min(nodes + 2, target.room), True)
+            phase[0] = "commit"
+            target.commit(tree, [1])                     # the first guess right: 2 tokens kept
+            root = (root * 31 + 7) % (vocab - 200) + 100
+        print(f"  context {context}: KV bookkeeping per round {1e3 * spent['verify'] / rounds:.3f} ms "
+              f"in the verify, {1e3 * spent['commit'] / rounds:.3f} ms in the commit "
+              f"({rounds} rounds of {nodes} nodes, padded)", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("target")
@@ -57,6 +98,7 @@ def main() -> None:
     ap.add_argument("--contexts", default="300,700")
     ap.add_argument("--taps", default="2,14")
     ap.add_argument("--rounds", type=int, default=40)
+    ap.add_argument("--bookkeeping", action="store_true")
     args = ap.parse_args()
     taps = tuple(int(t) for t in args.taps.split(",") if t) if args.taps != "none" else ()
     nodes = args.nodes
@@ -66,6 +108,10 @@ def main() -> None:
     vocab = model.vocab_size
     print(f"{args.target}: {nodes} nodes, taps {list(taps)}, offloaded layers {model.n_gpu_layers}, "
           f"{model.n_threads} threads", flush=True)
+    if args.bookkeeping:
+        bookkeeping(model, target, nodes, [int(c) for c in args.contexts.split(",")], args.rounds)
+        model.close()
+        return
     for context in (int(c) for c in args.contexts.split(",")):
         target.reset()
         model.set_hidden(False)
@@ -77,8 +123,6 @@ def main() -> None:
         pos = np.arange(target.n_past, target.n_past + tree.n, dtype=np.int32)
         times: dict[str, list[float]] = {}
         rollback: list[float] = []
-        parts = {lambda: model.seq_keep(0): [], lambda: model.seq_rm(0, target.n_past + 50, -1): [],
-                 lambda: model.seq_cp(0, 1, -1, -1): [], lambda: model.seq_rm(1, -1, -1): []}
 
         def calib(hidden: bool) -> float:
             t = time.perf_counter()
@@ -100,12 +144,10 @@ def main() -> None:
             t = time.perf_counter()
             target.commit(tree, [])          # the root alone stays: one cell more of context
             rollback.append(time.perf_counter() - t)
-            for op, ts in parts.items():     # keep_path's steps, timed once more on a no-op
-                t = time.perf_counter()
-                op()
-                ts.append(time.perf_counter() - t)
-            model.seq_rm(0, target.n_past - 1, -1)
-            target.n_past -= 1
+            target.n_past -= 1                   # and goes again, from every sequence
+            model.seq_rm(-1, target.n_past, -1)
+            if hasattr(target, "_tagged"):       # a Target that keeps the paths' tags (0035)
+                np.minimum(target._tagged, target.n_past, out=target._tagged)
             return spent
 
         stable = min(nodes + 2, target.room)
@@ -132,9 +174,6 @@ def main() -> None:
         for name, ts in times.items():
             print(f"    {name:12s} {1e3 * statistics.median(ts):7.3f} ms")
         print(f"    {'rollback':12s} {1e3 * statistics.median(rollback):7.3f} ms", flush=True)
-        steps = ("seq_keep", "seq_rm tail", "seq_cp", "seq_rm seq")
-        print("    " + ", ".join(f"{name} {1e3 * statistics.median(ts):.3f}"
-                                  for name, ts in zip(steps, parts.values())) + " ms (no-ops)")
     model.close()
 
 

@@ -4,9 +4,16 @@ KV layout. The committed context lives in sequence 0 at positions 0..n_past-1. T
 every root-to-leaf path gets a sequence id; the committed context is tagged with all of them
 (`seq_cp`, metadata only in a unified cache) and each tree node carries the ids of the paths through
 it, at position n_past + depth. So each node attends to the context and its own ancestors, nothing
-else. `commit` is the one method that rolls the cache back: it keeps the accepted path (root
-included) as sequence 0 and removes every other tree node, leaving the cache as if only the
-accepted tokens had ever been evaluated.
+else. `commit` is the one method that rolls the cache back: it removes every tree node off the
+accepted path, and the accepted ones (root included) join every path's sequence, leaving the cache
+as if only the accepted tokens had ever been evaluated.
+
+The tags stay between rounds: sequence s holds the context up to `_tagged[s]`, and a verify tags
+only what its paths lack (the tokens committed since they last served). Why: each tag is an entry
+in llama.cpp's per-sequence position maps, so tagging the whole context for every path and
+stripping it again after each round (and llama.cpp's seq_keep, which rewrites every cell) costs
+time that grows with the context, paid every round: on a GPU more than a tenth of a round at a
+1,000-token context (docs/decisions/0035). Kept, a round touches only its own cells.
 
 Exact numerics (LlamaModel's exact) also need the cache's cells in position order: ggml's CPU flash
 attention sums over cells in cell order, and llama.cpp puts a batch's tokens into the first free
@@ -43,6 +50,7 @@ class Target:
         self._pending: list[int] = []        # exact mode: committed tokens not in the cache yet
         self._row0 = 0                       # batch row of the tree's root in the last verify
         self.redecoded = 0                   # pending tokens decoded since the last reset
+        self._tagged = np.zeros(model.n_seq_max, np.int64)   # [seq] context positions it holds
 
     @property
     def vocab_size(self) -> int:
@@ -70,6 +78,7 @@ class Target:
         self._new = None
         self._pending = []
         self.redecoded = 0
+        self._tagged[:] = 0
 
     def prefill(self, tokens: Sequence[int]) -> None:
         """Evaluate committed tokens (not the root) into sequence 0, after any pending ones."""
@@ -125,8 +134,10 @@ class Target:
         if n_paths > self.model.n_seq_max or n + k > min(self.model.n_batch, self.room + k):
             raise ValueError(f"tree of {tree.n} nodes / {n_paths} paths (padded to {n}) exceeds the "
                              "target's limits")
-        for seq in range(1, n_paths):
-            self.model.seq_cp(0, seq, -1, -1)
+        for seq in range(1, n_paths):        # the context each path lacks (committed since)
+            if self._tagged[seq] < self.n_past:
+                self.model.seq_cp(0, seq, int(self._tagged[seq]), self.n_past)
+                self._tagged[seq] = self.n_past
         pos = self._pos[:k + tree.n]
         np.add(layout.depth, self.n_past + k, out=pos[k:])      # [tree.n] position of each node
         self._row0 = k
@@ -148,7 +159,8 @@ class Target:
         return self.model.logits()
 
     def commit(self, tree: DraftTree, path: Sequence[int]) -> None:
-        """Keep the root and the accepted `path` (node indices, root excluded) in sequence 0."""
+        """Keep the root and the accepted `path` (node indices, root excluded) in the context:
+        sequence 0 and every sequence of the verify's paths."""
         layout = self._layout
         if layout is None:
             raise RuntimeError("commit() without a verify()")
@@ -166,5 +178,20 @@ class Target:
             kept = next((i for i, node in enumerate(path) if node != i + 1), len(path))
             self._pending = [int(tree.tokens[node]) for node in path[kept:]]
         end = self.n_past + k + kept           # position of the last node kept in the cache
-        self.model.keep_path(seq, end)
+        self._keep(seq, len(layout.leaf_seq), self.n_past, end)
         self.n_past = end + 1
+
+    def _keep(self, seq: int, n_paths: int, start: int, end: int) -> None:
+        """After a verify of `n_paths` paths whose batch began at position `start`: keep path
+        `seq`'s cells up to position `end` and make every path's sequence hold them; drop every
+        other cell of the batch (padding included). Cells before `start` are not touched."""
+        model = self.model
+        for s in range(n_paths):
+            if s != seq:
+                model.seq_rm(s, start, -1)     # other paths' nodes, and their tags on ours
+        model.seq_rm(seq, end + 1, -1)         # our path's nodes past the accepted ones
+        for s in range(n_paths):
+            if s != seq:
+                model.seq_cp(seq, s, start, end + 1)
+        self._tagged[:n_paths] = end + 1
+        model.drop_padding()

@@ -85,8 +85,8 @@ def test_commit_leaves_cache_as_fresh_evaluation(models, accept):
     kept = context + [int(tree.tokens[n]) for n in path]
     assert target.n_past == len(kept)
     assert model.seq_pos_max(0) == len(kept) - 1
-    for seq in range(1, model.n_seq_max):
-        assert model.seq_pos_max(seq) == -1, f"sequence {seq} still holds tree nodes"
+    for seq in range(1, model.n_seq_max):   # the paths keep the context's tags, nothing past it
+        assert model.seq_pos_max(seq) < len(kept), f"sequence {seq} still holds tree nodes"
     # continue decoding two tokens as if nothing else ever ran
     nxt = [31, 32]
     model.decode(nxt, [target.n_past, target.n_past + 1])
@@ -94,6 +94,34 @@ def test_commit_leaves_cache_as_fresh_evaluation(models, accept):
     expect = fresh_logits(ref, kept + nxt)[-2:]
     assert (np.argmax(got, axis=1) == np.argmax(expect, axis=1)).all()
     np.testing.assert_allclose(got, expect, atol=ATOL)
+
+
+@pytest.mark.parametrize("pad_to", [0, 12])
+def test_rounds_after_a_commit_see_only_the_accepted_tokens(models, pad_to):
+    """The paths' sequences keep their tags of the context between rounds (target.py): a rejected
+    node left in any of them, or a committed token missing from one, would change the logits of
+    the nodes that read it. Rounds of trees with one to four paths, a plain step among them, each
+    node's logits checked against its own path evaluated afresh."""
+    model, ref = models
+    context = model.tokenize("def mul(a, b):\n    return", special=False)
+    target = Target(model)
+    target.reset()
+    target.prefill(context[:-1])
+    kept, root = context[:-1], context[-1]
+    for i, path in enumerate([(2, 5), None, (1, 4), (), (1, 3, 7)]):   # None: a plain step
+        if path is None:
+            tree, path = DraftTree(16), ()
+            tree.reset(root)
+        else:
+            tree = example_tree(root, [10 * i + j for j in range(11, 18)])
+        rows = target.verify(tree, pad_to=pad_to).copy()
+        for node in range(tree.n):
+            expect = fresh_logits(ref, kept + [root] + tree.path_tokens(node))[-1]
+            np.testing.assert_allclose(rows[node], expect, atol=ATOL_FEW_ROWS)
+        target.commit(tree, path)
+        kept = kept + [root] + [int(tree.tokens[n]) for n in path]
+        root = 90 + i
+        assert target.n_past == len(kept) and model.seq_pos_max(0) == len(kept) - 1
 
 
 def test_a_root_decoded_alone_commits_without_touching_the_cache(models):
@@ -137,8 +165,10 @@ def test_padded_verify_is_invisible_and_committed_away(models, nodes, top_up):
     target.commit(tree, path)
     kept = context + [int(tree.tokens[n]) for n in path]
     assert model.seq_pos_max(0) == len(kept) - 1
-    for seq in range(1, model.n_seq_max + model.n_pad_seqs):   # padding sequences included
-        assert model.seq_pos_max(seq) == -1, f"sequence {seq} still holds cells"
+    for seq in range(1, model.n_seq_max):
+        assert model.seq_pos_max(seq) < len(kept), f"sequence {seq} still holds tree nodes"
+    for seq in range(model.n_seq_max, model.n_seq_max + model.n_pad_seqs):
+        assert model.seq_pos_max(seq) == -1, f"padding sequence {seq} still holds cells"
     model.decode([51], [target.n_past])
     np.testing.assert_allclose(model.logits()[0], fresh_logits(ref, kept + [51])[-1], atol=ATOL)
 
