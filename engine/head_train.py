@@ -120,7 +120,7 @@ def collect(model, texts: Iterable[tuple[int, str]], max_tokens: int, chunk: int
             part = part[:m]
             model.clear()
             model.decode(part, np.arange(m, dtype=np.int32), logits=True)
-            hidden[n:n + m] = model.hidden_rows()[:m]
+            model.hidden_rows_to(hidden[n:n + m])
             tokens[n:n + m] = part
             chunk_of[n:n + m] = c
             source[n:n + m] = file_id
@@ -207,11 +207,10 @@ def generate_corpus(model, prompts: Iterable[tuple[int, str]], max_tokens: int, 
         for step in range(gen_tokens):
             t = time.perf_counter()
             model.decode(cur, pos, seqs, logits=True)
-            state = model.hidden_rows()[:g]
+            model.hidden_rows_to(states[step])
             nxt = model.sampled(range(g))
             spent["steps"] += time.perf_counter() - t
             fed[step] = cur
-            states[step] = state
             length += alive
             alive &= ~np.fromiter(map(model.is_eog, nxt.tolist()), bool, g)
             cur = nxt

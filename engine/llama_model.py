@@ -11,7 +11,8 @@ checked here first, so every command and the chat refuse it with the fix; its pr
 from __future__ import annotations
 
 from .native import (ExactNumerics, errors_since, gpu_offload_supported,  # first: see native.py
-                     has_exact_switches, has_layer_inputs, last_log, layer_inputs_api, log_mark)
+                     has_exact_switches, has_layer_inputs, last_log, layer_inputs_api, log_mark,
+                     to_half)
 
 import contextlib
 import ctypes
@@ -432,6 +433,12 @@ class LlamaModel:
             raise RuntimeError(f"no hidden states in the last decode ({last_log()})")
         final = np.ctypeslib.as_array(ptr, shape=(self._n_outputs, self.n_embd))
         return final if not self.taps else self._widen(final, slice(0, self._n_outputs))
+
+    def hidden_rows_to(self, out: np.ndarray) -> None:
+        """Write the first len(out) rows of `hidden_rows()` into `out` ([r, n_feature] float16,
+        C-contiguous), rounded as numpy's cast rounds but in one vectorised pass (native.to_half):
+        what a draft head's corpus keeps of every row."""
+        to_half(self.hidden_rows()[:len(out)], out)
 
     def sampled(self, rows: Sequence[int] | np.ndarray) -> np.ndarray:
         """[len(rows)] int32: the token each batch row's sequence's backend greedy sampler chose

@@ -38,6 +38,7 @@ from typing import Generator, Iterator, Mapping, TypeVar
 os.environ.setdefault("GGML_NO_BACKTRACE", "1")   # before the libraries load (see above)
 
 import llama_cpp as lc  # noqa: E402  (after the environment above)
+import numpy as np  # noqa: E402  (after llama.cpp's libraries: the load order above)
 from llama_cpp import llama_cpp as _raw  # noqa: E402
 
 TILED_MIN = "GGML_CPU_TILED_MM_MIN"   # packaging/patches: fewest batch rows on ggml's tiled matmul
@@ -165,6 +166,33 @@ def layer_inputs_api() -> tuple:
     set_.argtypes, set_.restype = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_bool], None
     get.argtypes, get.restype = [ctypes.c_void_p, ctypes.c_uint32], ctypes.POINTER(ctypes.c_float)
     return set_, get
+
+
+@functools.cache
+def _fp32_to_fp16():
+    """ggml's CPU backend's float-to-half conversion of n values (F16C or AVX-512 where built
+    with them), or None where no library here exports it."""
+    for lib in libraries():
+        try:
+            fn = ctypes.CDLL(str(lib)).ggml_cpu_fp32_to_fp16
+        except (OSError, AttributeError):
+            continue
+        fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64], None
+        return fn
+    return None
+
+
+def to_half(src: np.ndarray, out: np.ndarray) -> None:
+    """out[...] = src, float32 to float16 rounded to nearest even as numpy's cast rounds, through
+    ggml's vectorised conversion where both arrays are C-contiguous and of one shape. Why: numpy
+    casts to float16 one value at a time, and a draft head's corpus casts every hidden state the
+    target hands back, millions a minute (docs/decisions/0036)."""
+    fn = _fp32_to_fp16()
+    if (fn is None or src.dtype != np.float32 or out.dtype != np.float16 or src.shape != out.shape
+            or not src.flags.c_contiguous or not out.flags.c_contiguous):
+        out[...] = src
+        return
+    fn(src.ctypes.data, out.ctypes.data, src.size)
 
 
 def gpu_offload_supported() -> bool:
