@@ -5,7 +5,8 @@
 # dev/gpu-bench.sh. Each side starts from its own empty data dir (a cold calibration, as a new user).
 # BASE_ENV="NAME=VALUE ..." instead of BASE: the base side is this checkout too, run with those
 # environment variables (a llama.cpp switch such as GGML_CUDA_MMVQ_WIDE_MAX=0: one build, both paths).
-# Results: $OUT/{new,base}-NAME.json (bench.json of each run).
+# HEAD=/path/head.npz adds --head (the head configurations). Results: $OUT/{new,base}-NAME.json
+# (bench.json of each run).
 set -euo pipefail
 source "$(dirname "$0")/gpu-env.sh"
 base_path=/tmp/sb:/tmp/site
@@ -28,7 +29,7 @@ for spec in "$@"; do
     env "${side_env[@]}" PYTHONPATH=$path LOCALSPEC_DATA_DIR=/tmp/data-$side python3 -m localspec.app.cli bench \
       --model /tmp/mod/target.gguf "${draft[@]}" --workload "$workload" --limit "$limit" \
       --max-tokens 256 --temperature "$temp" --configs "$configs" --learn "$learn" \
-      --learn-max-tokens 1000000 --out "/tmp/out-$side-$name" > "/tmp/bench-$side-$name.log" 2>&1 \
+      --learn-max-tokens 1000000 ${HEAD:+--head "$HEAD"} --out "/tmp/out-$side-$name" > "/tmp/bench-$side-$name.log" 2>&1 \
       || echo "bench $side $name failed: $(tail -n 3 /tmp/bench-$side-$name.log)"
     cp "/tmp/out-$side-$name/bench.json" "$OUT/$side-$name.json" 2>/dev/null || true
     echo "== $side $name"; tail -n 8 "/tmp/bench-$side-$name.log"
