@@ -99,10 +99,11 @@ def main() -> None:
     ap.add_argument("--taps", default="2,14")
     ap.add_argument("--rounds", type=int, default=40)
     ap.add_argument("--bookkeeping", action="store_true")
+    ap.add_argument("--n-ctx", type=int, default=4096, help="the context's cells (each sequence operation scans them all)")
     args = ap.parse_args()
     taps = tuple(int(t) for t in args.taps.split(",") if t) if args.taps != "none" else ()
     nodes = args.nodes
-    model = LlamaModel(args.target, n_ctx=4096, n_seq_max=nodes + 2, n_pad_seqs=nodes + 2,
+    model = LlamaModel(args.target, n_ctx=args.n_ctx, n_seq_max=nodes + 2, n_pad_seqs=nodes + 2,
                        n_batch=512, hidden=True, taps=taps)
     target = Target(model)
     vocab = model.vocab_size
