@@ -35,8 +35,8 @@ def texts(order):
             continue
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
+def add_corpus_args(ap: argparse.ArgumentParser) -> None:
+    """The flags of the corpus both heads train on (noise_ab.py takes them too)."""
     ap.add_argument("model")
     ap.add_argument("--out", required=True)
     ap.add_argument("--taps", default="auto")
@@ -49,10 +49,10 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--length", type=int, default=256)
     ap.add_argument("--ctx", type=int, default=512)
-    args = ap.parse_args()
-    model, out = Path(args.model), Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    taps = tap_layers(args.taps, model)
+
+
+def read_corpus(args: argparse.Namespace, model: Path, taps: tuple[int, ...]):
+    """The text read and the continuations generated, with the taps' states: one Corpus."""
     order = reading_order(list_sources(Choice(history=False)))
     t = time.time()
     parts = []
@@ -75,7 +75,17 @@ def main() -> None:
         finally:
             target.close()
         print(f"generated {len(parts[-1].tokens):,} tokens in {time.time() - t:.0f} s", flush=True)
-    corpus = join(*parts)
+    return join(*parts)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    add_corpus_args(ap)
+    args = ap.parse_args()
+    model, out = Path(args.model), Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    taps = tap_layers(args.taps, model)
+    corpus = read_corpus(args, model, taps)
     last_only = corpus.last_layer(len(taps))
     # the second head trains as many steps as the first did in its minutes (with twice the time
     # to do them): at equal time the two need not get equal steps (0033's addendum)
