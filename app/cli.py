@@ -268,7 +268,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if costs.switch:
         print(f"changing the batch shape and back (CUDA graphs rebuilt): {1e3 * costs.switch:.2f} ms")
     if costs.tiled_min is not None:
-        print(f"ggml's tiled matmul from {costs.tiled_min} batch rows (measured: fewer rows go row by row)")
+        below = (f"on the multi-column kernels (up to {costs.multicol_max})" if costs.multicol_max is not None
+                 else "row by row")
+        print(f"ggml's tiled matmul from {costs.tiled_min} batch rows (measured: fewer rows go {below})")
     if costs.multicol_min is not None:
         print("one-row decodes on " + ("the multi-column kernels (measured faster here)"
                                        if costs.multicol_min == 1 else

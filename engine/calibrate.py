@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from .native import (MULTICOL_MIN, TILED_MIN, has_multicol_kernels,  # first: see native.py
+from .native import (MULTICOL_MAX, MULTICOL_MIN, TILED_MIN, has_multicol_kernels,  # first: see native.py
                      has_tiled_min_switch, library_stamps, switches)
 
 import llama_cpp as lc
@@ -56,6 +56,12 @@ TILED_FROM = 8        # ggml's own floor for its tiled K-quant matmul (packaging
 # settings differ by at one row, and a machine where the kernels gain nothing there keeps ggml's
 # (docs/decisions/0022)
 MULTICOL_GAIN = 0.95
+# the most batch rows packaging/patches' multi-column kernels take on a CPU (the patch ships 16):
+# more than any tree, so that the measured tiled floor alone decides where ggml's tiled matmul
+# takes over. With the shipped 16, rows 17 up to the floor went one column at a time through
+# ggml's vec_dot, and the floor was measured against that: on a Zen 4 EPYC ggml's paths took
+# 18-30% longer than the kernels at 17-48 rows (docs/decisions/0037)
+MULTICOL_WIDEST = 64
 _NAMES = ("target", "draft")
 _KERNELS = {1: "multi-column kernels", 2: "ggml's kernels"}   # by GGML_CPU_MULTICOL_MIN
 
@@ -316,8 +322,9 @@ def calibrate(target: LlamaModel, draft: LlamaModel | None, max_nodes: int,
     """Cost curves of the target (batches up to max_nodes + 2: a full tree and its padding) and
     of a GGUF draft; with the target on a GPU, also what a change of batch shape costs
     (`measure_switch`); on a CPU with packaging/patches, ggml's tiled-matmul floor
-    (`tiled_floor`) and whether one-row decodes take the multi-column kernels (`one_row_kernels`,
-    the curves' one-row costs then the chosen side's), both in `Costs.switches`. The cache file is
+    (`tiled_floor`, with the multi-column kernels taking up to MULTICOL_WIDEST rows below it) and
+    whether one-row decodes take those kernels (`one_row_kernels`, the curves' one-row costs then
+    the chosen side's), all in `Costs.switches`. The cache file is
     read once; what is measured is added to it, each batch announced to `progress` first (nothing
     when everything is cached). The process's environment is left as it was."""
     top = max(2, max_nodes + 2)
@@ -327,6 +334,9 @@ def calibrate(target: LlamaModel, draft: LlamaModel | None, max_nodes: int,
     cpu = target.n_gpu_layers == 0 and not exact_in_process()   # exact numerics pin both switches
     steer, one_row = cpu and has_tiled_min_switch(), cpu and has_multicol_kernels()
     data = {} if refresh else read_json(path)
+    widest = MULTICOL_WIDEST if one_row else None
+    if data.get("multicol_max") != widest:   # measured under another bound of the kernels: all again
+        data = {}
     curves = _from_cache(models, wanted, data)
     if curves is None:
         data = {}                                  # a new measurement replaces the file's object
@@ -343,7 +353,8 @@ def calibrate(target: LlamaModel, draft: LlamaModel | None, max_nodes: int,
                   + (_SWITCH_PAIRS if measure_shape else 0))
     floor = kernels = None
     # a fresh curve is measured as ggml and the patches ship; what they lead to is returned, not left set
-    shipped = ({TILED_MIN: str(TILED_FROM)} if steer else {}) | ({MULTICOL_MIN: "2"} if one_row else {})
+    shipped = (({TILED_MIN: str(TILED_FROM)} if steer else {})
+               | ({MULTICOL_MIN: "2", MULTICOL_MAX: str(widest)} if one_row else {}))
     with switches(shipped):
         if curves is None:
             curves, data = _measured(models, wanted, path,
@@ -352,7 +363,7 @@ def calibrate(target: LlamaModel, draft: LlamaModel | None, max_nodes: int,
             floor = data.get("tiled_min")
             if measure_floor:
                 floor, curves[0] = tiled_floor(target, curves[0], step)
-                data = {**data, "tiled_min": floor, "seconds": _as_json(curves)}
+                data = {**data, "tiled_min": floor, "multicol_max": widest, "seconds": _as_json(curves)}
                 write_json(path, data)
         if one_row:
             kernels = data.get("multicol_min")
@@ -361,7 +372,8 @@ def calibrate(target: LlamaModel, draft: LlamaModel | None, max_nodes: int,
                 for curve, seconds in zip(curves, one[kernels]):
                     if 1 in curve:
                         curve[1] = seconds
-                data = {**data, "multicol_min": kernels, "one_row": {str(k): v for k, v in one.items()},
+                data = {**data, "multicol_min": kernels, "multicol_max": widest,
+                        "one_row": {str(k): v for k, v in one.items()},
                         "seconds": _as_json(curves)}
                 write_json(path, data)
     switch = data.get("switch") if target.n_gpu_layers != 0 and top in target_sizes else 0.0
@@ -369,4 +381,5 @@ def calibrate(target: LlamaModel, draft: LlamaModel | None, max_nodes: int,
         switch = measure_switch(target, top, curves[0], step=step)
         data = {**data, "switch": switch}
         write_json(path, data)
-    return Costs(curves[0], curves[1] if draft is not None else {}, path, float(switch), floor, kernels)
+    return Costs(curves[0], curves[1] if draft is not None else {}, path, float(switch), floor, kernels,
+                 widest)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Sequence
 
 from .budget import Arm
-from .native import MULTICOL_MIN, TILED_MIN
+from .native import MULTICOL_MAX, MULTICOL_MIN, TILED_MIN
 
 OPTIMISTIC = 0.9      # per-token acceptance assumed when asking "could this budget ever win?"
 
@@ -39,12 +39,15 @@ class Costs:
     # the fewest batch rows on packaging/patches' multi-column kernels, likewise (`one_row_kernels`:
     # 1 puts one-row decodes on them, 2 keeps those on ggml's), None: the patch's own choice
     multicol_min: int | None = None
+    # the most batch rows on the multi-column kernels that the curve and the floor were measured
+    # with, likewise (calibrate.MULTICOL_WIDEST), None: the patch's own bound
+    multicol_max: int | None = None
 
     @property
     def switches(self) -> dict[str, str]:
         """The numerics switches (native.py) these costs hold under: what a session enters around
         its decodes (native.switched), never left set in the process."""
-        chosen = {TILED_MIN: self.tiled_min, MULTICOL_MIN: self.multicol_min}
+        chosen = {TILED_MIN: self.tiled_min, MULTICOL_MIN: self.multicol_min, MULTICOL_MAX: self.multicol_max}
         return {key: str(value) for key, value in chosen.items() if value is not None}
 
     @cached_property
@@ -105,7 +108,8 @@ class Costs:
         out = {"target_ms": {n: round(1e3 * s, 2) for n, s in self.target.items()},
                "draft_ms": {n: round(1e3 * s, 2) for n, s in self.draft.items()},
                "switch_ms": round(1e3 * self.switch, 2)}
-        rows = {"ggml_tiled_min_rows": self.tiled_min, "multicol_min_rows": self.multicol_min}
+        rows = {"ggml_tiled_min_rows": self.tiled_min, "multicol_min_rows": self.multicol_min,
+                "multicol_max_rows": self.multicol_max}
         return out | {key: value for key, value in rows.items() if value is not None}
 
 

@@ -334,6 +334,38 @@ def test_calibration_chooses_the_one_row_kernels_and_caches_the_choice(tiny, tmp
         draft.close()
 
 
+def test_calibration_bounds_the_kernels_past_any_tree_and_remeasures_under_another_bound(tiny, tmp_path):
+    """On a CPU with the multi-column kernels the curve and the tiled floor are measured with the
+    kernels taking up to MULTICOL_WIDEST rows, which the cache records and Costs.switches carries
+    to the decodes; a cache measured under another bound (one from before it) is measured again,
+    all of it: its floor was found against other row-by-row costs."""
+    import os
+
+    from localspec.engine.llama_model import exact_in_process
+    from localspec.engine.native import has_multicol_kernels
+
+    if exact_in_process() or not has_multicol_kernels():
+        pytest.skip("no bound to choose here: an exact model is open, or no multi-column kernels")
+    target = LlamaModel(tiny.target_gguf, n_ctx=256, n_seq_max=4, n_threads=1)
+    try:
+        costs = cal.calibrate(target, None, 8, cache_dir=tmp_path)
+        data = json.loads(costs.file.read_text())
+        assert data["multicol_max"] == cal.MULTICOL_WIDEST == costs.multicol_max
+        assert costs.switches[cal.MULTICOL_MAX] == str(cal.MULTICOL_WIDEST)
+        assert cal.MULTICOL_MAX not in os.environ
+        assert cal.MULTICOL_WIDEST > max(cal.SIZES)        # past any tree the curve prices
+
+        del data["multicol_max"]                            # measured under the patch's own bound
+        costs.file.write_text(json.dumps(data))
+        steps: list[cal.Step] = []
+        again = cal.calibrate(target, None, 8, cache_dir=tmp_path, progress=steps.append)
+        assert any(s.what.startswith("target ") and " row" in s.what and " on " not in s.what for s in steps)
+        assert json.loads(costs.file.read_text())["multicol_max"] == cal.MULTICOL_WIDEST
+        assert again.multicol_max == cal.MULTICOL_WIDEST
+    finally:
+        target.close()
+
+
 @pytest.mark.real_pair
 def test_calibration_measures_the_tiled_floor_and_leaves_the_environment(real_pair, tmp_path, monkeypatch):
     """On a CPU with packaging/patches, calibration measures ggml's tiled matmul against its
