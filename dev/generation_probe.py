@@ -11,6 +11,7 @@ each in a model opened afresh:
   - one KV stream a sequence (what training uses) or one cache for all (`unified`).
 
     python dev/generation_probe.py TARGET.gguf [--widths 64,128,256] [--context 256] [--steps 20]
+        [--batches 512,4096]
 
 PROFILE=1 (CUDA, torch installed) adds the kernels of a step by family (verify_cost_probe's
 grouping). Prints one line a variation: prefill tok/s, a step's median ms, generated tok/s.
@@ -43,9 +44,10 @@ def prompts(width: int, context: int, vocab: int) -> list[list[int]]:
     return [[(1000 + 7 * i + 13 * s) % vocab for i in range(context)] for s in range(width)]
 
 
-def run(path: str, width: int, context: int, steps: int, variant: str, profile: bool) -> str:
+def run(path: str, width: int, context: int, steps: int, variant: str, profile: bool,
+        batch: int = 512) -> str:
     on_device, hidden, unified = VARIANTS[variant]
-    model = LlamaModel(path, n_ctx=width * (context + steps + 8), n_batch=max(512, width), n_seq_max=width,
+    model = LlamaModel(path, n_ctx=width * (context + steps + 8), n_batch=max(batch, width), n_seq_max=width,
                        hidden=hidden, unified=unified, greedy_on_device=on_device)
     try:
         t = time.perf_counter()
@@ -70,7 +72,7 @@ def run(path: str, width: int, context: int, steps: int, variant: str, profile: 
             one_step()
             times.append(time.perf_counter() - t)
         step = float(np.median(times[2:] or times))
-        line = (f"{variant:>9} W={width:<4} prefill {prefill:9,.0f} tok/s   step {1e3 * step:7.2f} ms   "
+        line = (f"{variant:>9} W={width:<4} B={model.n_batch:<5} prefill {prefill:9,.0f} tok/s   step {1e3 * step:7.2f} ms   "
                 f"{width / step:9,.0f} tok/s generated")
         if profile:
             line += "\n" + kernels(one_step, 5)
@@ -119,6 +121,9 @@ def main() -> None:
     ap.add_argument("--variants", default="train,host,nohidden",
                     help=f"of {','.join(VARIANTS)} (unified runs at the smallest width only)")
     ap.add_argument("--collect", type=int, default=0, help="also time reading N tokens of text (0: not)")
+    ap.add_argument("--batches", default="512",
+                    help="tokens a prefill decode takes (n_batch, at least the width), each a run: "
+                         "512 is what head train opens with; larger ones split into fewer ubatches")
     args = ap.parse_args()
     if args.collect:
         for on_device in (False, True):
@@ -127,7 +132,8 @@ def main() -> None:
     profile = os.environ.get("PROFILE") == "1"
     for variant in args.variants.split(","):
         for width in widths[:1] if variant == "unified" else widths:
-            print(run(args.model, width, args.context, args.steps, variant, profile), flush=True)
+            for batch in (int(b) for b in args.batches.split(",")):
+                print(run(args.model, width, args.context, args.steps, variant, profile, batch), flush=True)
 
 
 if __name__ == "__main__":
