@@ -113,15 +113,20 @@ def library_stamps() -> list[str]:
 
 
 @functools.cache
-def has_marker(symbol: str) -> bool:
-    """Whether one of llama.cpp's libraries exports `symbol` (packaging/patches' markers)."""
+def exported(symbol: str):
+    """`symbol` from the first of llama.cpp's libraries that exports it (a ctypes function), or
+    None."""
     for lib in libraries():
         try:
-            if hasattr(ctypes.CDLL(str(lib)), symbol):
-                return True
-        except OSError:
+            return getattr(ctypes.CDLL(str(lib)), symbol)
+        except (OSError, AttributeError):
             continue
-    return False
+    return None
+
+
+def has_marker(symbol: str) -> bool:
+    """Whether one of llama.cpp's libraries exports `symbol` (packaging/patches' markers)."""
+    return exported(symbol) is not None
 
 
 def has_exact_switches() -> bool:
@@ -172,14 +177,10 @@ def layer_inputs_api() -> tuple:
 def _fp32_to_fp16():
     """ggml's CPU backend's float-to-half conversion of n values (F16C or AVX-512 where built
     with them), or None where no library here exports it."""
-    for lib in libraries():
-        try:
-            fn = ctypes.CDLL(str(lib)).ggml_cpu_fp32_to_fp16
-        except (OSError, AttributeError):
-            continue
+    fn = exported("ggml_cpu_fp32_to_fp16")
+    if fn is not None:
         fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64], None
-        return fn
-    return None
+    return fn
 
 
 def to_half(src: np.ndarray, out: np.ndarray) -> None:
