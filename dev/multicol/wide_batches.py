@@ -13,24 +13,15 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import numpy as np
 
 from localspec.engine import native
 from localspec.engine.llama_model import LlamaModel
 
-CONTEXT = 300
+from model_steps import CONTEXT, step_ms  # dev/multicol, the script's own folder
+
 WIDTHS = (16, 17, 20, 24, 28, 32, 40, 48)
-
-
-def step_ms(model: LlamaModel, n: int) -> float:
-    tokens = (np.arange(n, dtype=np.int32) * 13 + 700) % model.vocab_size
-    t = time.perf_counter()
-    model.decode(tokens, np.arange(CONTEXT, CONTEXT + n, dtype=np.int32), logits=True)
-    ms = (time.perf_counter() - t) * 1e3
-    model.seq_rm(0, CONTEXT, -1)
-    return ms
 
 
 def main() -> None:
