@@ -12,10 +12,9 @@ one point in the last half of its steps (docs/decisions/0033's last addendum).
 from __future__ import annotations
 
 import argparse
-import time
 from pathlib import Path
 
-from taps_ab import add_corpus_args, read_corpus, tap_layers, train  # dev/, the script's own folder
+from taps_ab import add_corpus_args, read_corpus, tap_layers, train_pair  # dev/, the script's own folder
 
 
 def main() -> None:
@@ -27,19 +26,9 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     taps = tap_layers(args.taps, model)
     corpus = read_corpus(args, model, taps)
-    steps, minutes = args.steps, args.minutes
-    first = {}
-    for name, noise in (("plain", 0.0), (f"noise {args.noise}", args.noise)):
-        t = time.time()
-        info = train(corpus, model, out / f"head-noise-{noise}.npz", steps=steps, batch=args.batch,
-                     length=args.length, seconds=60 * minutes, taps=taps, noise=noise)
-        print(f"{name:>10}: held-out top-1 by depth {info['held_out_top1']}, "
-              f"{info['steps']} steps in {time.time() - t:.0f} s", flush=True)
-        if noise and info["steps"] < steps:
-            print(f"  (not an equal-steps A/B: the noisy head ran out of time at {info['steps']} of {steps})")
-        steps, minutes = info["steps"], 2 * args.minutes   # the second head: the first's steps
-        first[name] = float(info["held_out_top1"][0])
-    print(f"higher at depth 1: {max(first, key=first.get)}", flush=True)
+    train_pair(args, model, out, [("noise-0.0", "no noise", corpus, {"taps": taps, "noise": 0.0}),
+                                  (f"noise-{args.noise}", f"noise {args.noise}", corpus,
+                                   {"taps": taps, "noise": args.noise})])
 
 
 if __name__ == "__main__":

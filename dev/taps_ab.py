@@ -87,18 +87,25 @@ def main() -> None:
     taps = tap_layers(args.taps, model)
     corpus = read_corpus(args, model, taps)
     last_only = corpus.last_layer(len(taps))
-    # the second head trains as many steps as the first did in its minutes (with twice the time
-    # to do them): at equal time the two need not get equal steps (0033's addendum)
+    train_pair(args, model, out, [("last", "last []", last_only, {"taps": ()}),
+                                  ("taps", f"taps {list(taps)}", corpus, {"taps": taps})])
+
+
+def train_pair(args: argparse.Namespace, model: Path, out: Path, heads: list) -> None:
+    """Train two heads, each (name, label, corpus, train's keyword arguments), to out/head-NAME.npz
+    with the same seed and held-out files; print their held-out top-1 by depth and which is higher
+    at depth 1. The second trains as many steps as the first did in its minutes (with twice the
+    time to do them): at equal time the two need not get equal steps (0033's addendum)."""
     steps, minutes = args.steps, args.minutes
     first = {}
-    for name, data, head_taps in (("last", last_only, ()), ("taps", corpus, taps)):
+    for i, (name, label, data, kwargs) in enumerate(heads):
         t = time.time()
         info = train(data, model, out / f"head-{name}.npz", steps=steps, batch=args.batch,
-                     length=args.length, seconds=60 * minutes, taps=head_taps)
-        print(f"{name:>5} {list(head_taps)}: held-out top-1 by depth {info['held_out_top1']}, "
+                     length=args.length, seconds=60 * minutes, **kwargs)
+        print(f"{label}: held-out top-1 by depth {info['held_out_top1']}, "
               f"{info['steps']} steps in {time.time() - t:.0f} s", flush=True)
-        if name == "taps" and info["steps"] < steps:
-            print(f"  (not an equal-steps A/B: the tapped head ran out of time at {info['steps']} of {steps})")
+        if i and info["steps"] < steps:
+            print(f"  (not an equal-steps A/B: {label} ran out of time at {info['steps']} of {steps})")
         steps, minutes = info["steps"], 2 * args.minutes
         first[name] = float(info["held_out_top1"][0])
     print(f"higher at depth 1: {max(first, key=first.get)}", flush=True)
