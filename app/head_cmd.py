@@ -24,6 +24,12 @@ from .paths import resolve_models
 # a generated continuation: prompt tokens kept, tokens generated (each prompt token costs about a
 # generated one's compute and gives no training pair)
 _PROMPT, _GEN = 256, 256
+# tokens a decode of the prompts' prefill takes. Each sequence has a KV stream of its own, and
+# llama.cpp splits such a decode into ubatches holding as many tokens of each sequence as the
+# shortest has: 512-token decodes of 256-token prompts run as several small ubatches. A GPU
+# prefills 1.9x faster in 4096-token decodes; a CPU gains nothing and holds a larger compute
+# buffer (docs/decisions/0038)
+_PREFILL_BATCH_GPU, _PREFILL_BATCH_CPU = 4096, 512
 
 
 def add_head(sub: argparse._SubParsersAction) -> None:
@@ -163,7 +169,7 @@ def _info(path: Path) -> int:
 
 def _train(args: argparse.Namespace) -> int:
     from localspec.engine import torch_lm  # noqa: F401  (torch before llama.cpp)
-    from localspec.engine.llama_model import LlamaModel
+    from localspec.engine.llama_model import LlamaModel, gpu_offload_supported
     from localspec.engine.head_train import (collect, function_prompts, generate_corpus, join, load_corpus,
                                              save_corpus)
     from localspec.models import heads
@@ -220,7 +226,8 @@ def _train(args: argparse.Namespace) -> int:
             report.say("no function with a docstring in the text: nothing for the target to continue")
         if first is not None:
             width = max(1, min(args.parallel, 256))   # llama.cpp's most sequences
-            target = LlamaModel(model, n_ctx=width * (_PROMPT + _GEN), n_batch=max(512, width),
+            prefill_batch = _PREFILL_BATCH_GPU if gpu_offload_supported() else _PREFILL_BATCH_CPU
+            target = LlamaModel(model, n_ctx=width * (_PROMPT + _GEN), n_batch=max(prefill_batch, width),
                                 n_seq_max=width, hidden=True, unified=False,   # a stream each
                                 greedy_on_device=True, taps=taps)
             try:
