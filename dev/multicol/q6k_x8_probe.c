@@ -5,8 +5,8 @@
 // (151936: the reference target's output matrix) shows the rows streamed from memory. The figures
 // in docs/decisions/0022's last addendum came from this probe. Build as rows_probe.c, adding
 // -DPREFETCH_FROM=N (default 6, from the runs below; 99: never):
-//   gcc -O3 -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mfma -mf16c -mavx2 q6k_x8_probe.c \
-//       -I$S/src/ggml-cpu -I$S/include -I$S/src -L$L -lggml -lggml-base -lggml-cpu -lm \
+//   gcc -O3 -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mfma -mf16c -mavx2 q6k_x8_probe.c
+//       -I$S/src/ggml-cpu -I$S/include -I$S/src -L$L -lggml -lggml-base -lggml-cpu -lm
 //       -Wl,-rpath,$L -o probe && ./probe K ROWS      (e.g. 1536 2048, 8960 1536, 1536 151936)
 // AVX-512 VNNI only.
 #define GGML_COMMON_DECL_C
@@ -150,7 +150,7 @@ int main(int argc, char**argv){ ggml_cpu_init();
   char *yp = malloc(ys*16); memcpy(yp, y, ys*16); for (int c=0;c<16;c++) lsp_mc_permute_q8_K((block_q8_K*)(yp+c*ys), nb);
   char *yx = malloc(ys*16); memcpy(yx, y, ys*16); for (int c=0;c<16;c++) lsp_mc_permute_q8_K_x8((block_q8_K*)(yx+c*ys), nb);
   int Rc = R < 4096 ? R : 4096;   // rows checked
-  float *ref = malloc(sizeof(float)*Rc*16), *got = malloc(sizeof(float)*Rc*16), *wide = malloc(sizeof(float)*Rc*16);
+  float *ref = malloc(sizeof(float)*Rc*16), *wide = malloc(sizeof(float)*Rc*16);
   for (int r=0;r<Rc;r++) for(int c=0;c<16;c++) ggml_vec_dot_q6_K_q8_K(K, &ref[c*Rc+r], 0, w+(size_t)r*rs, 0, y+c*ys, 0, 1);
   double maxrel=0; int mism=0; float o[64];
   for (int n=16;n>=1;n--){
