@@ -383,7 +383,10 @@ def test_calibration_measures_the_tiled_floor_and_leaves_the_environment(real_pa
         costs = cal.calibrate(target, None, 14, cache_dir=tmp_path)
         data = json.loads(next(tmp_path.glob("*.json")).read_text())
         floor = data["tiled_min"]
-        assert floor in {8, 12, 16} or floor == 17
+        # one of the measured sizes ggml runs tiled, or one past the largest (tiled never wins):
+        # which one is this machine's timing
+        big = sorted(int(n) for n in data["seconds"][0] if int(n) >= cal.TILED_FROM)
+        assert big and (floor in big or floor == big[-1] + 1), (floor, big)
         assert costs.tiled_min == floor and costs.switches[cal.TILED_MIN] == str(floor)
         assert cal.TILED_MIN not in cal.os.environ
         assert {int(n): s for n, s in data["seconds"][0].items()} == costs.target
