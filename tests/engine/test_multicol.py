@@ -8,10 +8,10 @@ vec_dot per column for the K-quants' plain rows, llamafile's tinyBLAS for Q8_0 r
 gemm/gemv for the repacked layouts. On random weights and activations, for every width 1..16,
 the kernels' output lies within a stated tolerance of ggml's, and each column's output is the
 same bit for bit at every width from 2 up; the patch's call counter shows they ran (on AVX2 the
-Q6_K kernel sums exactly as ggml's own, so its output alone could not). The Q8_0 and Q4_0 kernels
-and the repacked Q6_K layout exist in AVX-512 VNNI builds only (native.has_multicol_q8_0_kernels);
-that layout is the kernels' own, and with them switched off a plain scalar loop over it stands for
-ggml's kernels. ggml is driven through its C API (ctypes), no model.
+plain-row Q6_K kernel sums exactly as ggml's own, so its output alone could not). The Q8_0 and
+Q4_0 kernels exist in AVX-512 VNNI builds only (native.has_multicol_q8_0_kernels). The repacked
+Q6_K layout is the kernels' own (AVX-512 VNNI and AVX2 builds): with them switched off a plain
+scalar loop over it stands for ggml's kernels. ggml is driven through its C API (ctypes), no model.
 """
 from __future__ import annotations
 
@@ -43,15 +43,14 @@ class Case:
     k: int = 768          # three 256-code blocks a row
     rows: int = 96
     q8_0: bool = False    # a kernel of multicol-q8_0.h (AVX-512 VNNI builds only)
-    avx512: bool = False  # a layout of the kernels' own (AVX-512 VNNI builds only)
 
 
 CASES = [Case("Q4_K", Q4_K), Case("Q5_K", Q5_K), Case("Q6_K", Q6_K),
          # 25 blocks a row; 13 groups of 8 rows, one cut by the 2 threads' chunks (52 rows each)
          Case("Q8_0", Q8_0, k=800, rows=104, q8_0=True),
          Case("Q4_K-repacked", Q4_K, repack=True),
-         # AVX-512 VNNI: the kernels' own layout; switched off, a scalar path stands for ggml's
-         Case("Q6_K-repacked", Q6_K, repack=True, avx512=True),
+         # the kernels' own layout; switched off, a scalar path stands for ggml's
+         Case("Q6_K-repacked", Q6_K, repack=True),
          Case("Q4_0-repacked", Q4_0, repack=True, q8_0=True)]
 
 pytestmark = pytest.mark.skipif(not native.has_multicol_kernels(),
@@ -60,8 +59,8 @@ pytestmark = pytest.mark.skipif(not native.has_multicol_kernels(),
 
 
 def _built(case: Case) -> None:
-    if (case.q8_0 or case.avx512) and not native.has_multicol_q8_0_kernels():   # AVX-512 VNNI builds
-        pytest.skip("the Q8_0 / Q4_0 kernels and the repacked Q6_K layout are built for AVX-512 VNNI CPUs only")
+    if case.q8_0 and not native.has_multicol_q8_0_kernels():   # AVX-512 VNNI builds
+        pytest.skip("the Q8_0 / Q4_0 kernels are built for AVX-512 VNNI CPUs only")
 
 
 def _kernel_calls() -> int:
