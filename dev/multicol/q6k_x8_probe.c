@@ -3,13 +3,14 @@
 // ggml's vec_dot per column, one thread, random data: the largest difference to vec_dot relative to
 // the output's scale, whether a column's result changes with the batch width, and ms per width 1..8
 // and 16. R past the caches (151936: the reference target's output matrix) shows the rows streamed
-// from memory. docs/decisions/0039's kernel figures came from this probe, when it carried its own
+// from memory. docs/decisions/0039's kernel figures came from this probe (AVX-512), when it carried its own
 // copy of the layout with the prefetch threshold as a switch (git history: d9448b3). Build as
 // rows_probe.c, against a tree with all of packaging/patches:
 //   gcc -O3 -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mfma -mf16c -mavx2 q6k_x8_probe.c
 //       -I$S/src/ggml-cpu -I$S/include -I$S/src -L$L -lggml -lggml-base -lggml-cpu -lm
 //       -Wl,-rpath,$L -o probe && ./probe K ROWS      (e.g. 1536 2048, 8960 1536, 1536 151936)
-// AVX-512 VNNI only.
+// (the AVX2 kernel: the same line without the -mavx512* flags, against an AVX2 build of ggml; 0040's
+// figures came from that)
 #define GGML_COMMON_DECL_C
 #include "ggml-common.h"
 #include "ggml.h"
@@ -44,7 +45,7 @@ int main(int argc, char**argv){ ggml_cpu_init();
   for (int r=0;r<Rc;r++) for(int c=0;c<16;c++) ggml_vec_dot_q6_K_q8_K(K, &ref[c*Rc+r], 0, w+(size_t)r*rs, 0, y+c*ys, 0, 1);
   double maxrel=0; int mism=0; float o[64];
   for (int n=16;n>=1;n--){
-    for (int g=0; g<Rc/8; g++) for (int c0=0;c0<n;c0+=LSP_MC_MAX_COLS){ int nc=n-c0<LSP_MC_MAX_COLS?n-c0:LSP_MC_MAX_COLS;
+    for (int g=0; g<Rc/8; g++) for (int c0=0;c0<n;c0+=LSP_MC_X8_COLS){ int nc=n-c0<LSP_MC_X8_COLS?n-c0:LSP_MC_X8_COLS;
       lsp_mc_q6_Kx8(K, (const uint8_t*)&wx[(size_t)g*nb], yx+c0*ys, ys, nc, o);
       for (int c=0;c<nc;c++) for(int r=0;r<8;r++) { float v = o[8*c+r]; int i = (c0+c)*Rc+8*g+r;
         double e=fabs(v-ref[i])/(fabs(ref[i])+1e-3*K); if(e>maxrel) maxrel=e;
@@ -56,7 +57,7 @@ int main(int argc, char**argv){ ggml_cpu_init();
     double tv=(now()-t0)/reps; t0=now();
     for (int rep=0;rep<reps;rep++) for (int r=0;r<R;r++) for (int c0=0;c0<n;c0+=LSP_MC_MAX_COLS){ int nc=n-c0<LSP_MC_MAX_COLS?n-c0:LSP_MC_MAX_COLS; lsp_mc_q6_K(K,(const block_q6_K*)(w+(size_t)r*rs), yp+c0*ys, ys, nc, o);}
     double tp=(now()-t0)/reps; t0=now();
-    for (int rep=0;rep<reps;rep++) for (int g=0; g<R/8; g++) for (int c0=0;c0<n;c0+=LSP_MC_MAX_COLS){ int nc=n-c0<LSP_MC_MAX_COLS?n-c0:LSP_MC_MAX_COLS; lsp_mc_q6_Kx8(K, (const uint8_t*)&wx[(size_t)g*nb], yx+c0*ys, ys, nc, o);}
+    for (int rep=0;rep<reps;rep++) for (int g=0; g<R/8; g++) for (int c0=0;c0<n;c0+=LSP_MC_X8_COLS){ int nc=n-c0<LSP_MC_X8_COLS?n-c0:LSP_MC_X8_COLS; lsp_mc_q6_Kx8(K, (const uint8_t*)&wx[(size_t)g*nb], yx+c0*ys, ys, nc, o);}
     double tx=(now()-t0)/reps;
     printf("  n=%2d vec_dot %.3f ms  plain kernel %.3f ms  x8 kernel %.3f ms  (x8 %.2fx the plain kernel's speed)\n", n, tv*1e3, tp*1e3, tx*1e3, tp/tx); }
 }

@@ -47,21 +47,21 @@ int main(int argc, char**argv){ ggml_cpu_init();
   for (int r=0;r<R;r++) for(int c=0;c<16;c++) ggml_vec_dot_q4_K_q8_K(K, &ref[c*R+r], 0, w+r*rs, 0, y+c*ys, 0, 1);
   double maxrel=0; int mism=0; float o[64];
   for (int n=1;n<=16;n++){
-    for (int g=0; g<R/8; g++) for (int c0=0;c0<n;c0+=LSP_MC_MAX_COLS){ int nc=n-c0<LSP_MC_MAX_COLS?n-c0:LSP_MC_MAX_COLS;
+    for (int g=0; g<R/8; g++) for (int c0=0;c0<n;c0+=LSP_MC_X8_COLS){ int nc=n-c0<LSP_MC_X8_COLS?n-c0:LSP_MC_X8_COLS;
       lsp_mc_q4_Kx8(K, (const uint8_t*)&wx[g*nb], y+c0*ys, ys, nc, o);
       for (int c=0;c<nc;c++) for(int r=0;r<8;r++) got[(c0+c)*R+8*g+r]=o[8*c+r]; }
     for (int c=0;c<n;c++) for(int r=0;r<R;r++){ double e=fabs(got[c*R+r]-ref[c*R+r])/(fabs(ref[c*R+r])+1e-3*K); if(e>maxrel) maxrel=e;
       if (n==16) wide[c*R+r]=got[c*R+r]; }
     if (n==16) {} 
   }
-  for (int n=2;n<=16;n++){ for (int g=0; g<R/8; g++) for (int c0=0;c0<n;c0+=LSP_MC_MAX_COLS){ int nc=n-c0<LSP_MC_MAX_COLS?n-c0:LSP_MC_MAX_COLS;
+  for (int n=2;n<=16;n++){ for (int g=0; g<R/8; g++) for (int c0=0;c0<n;c0+=LSP_MC_X8_COLS){ int nc=n-c0<LSP_MC_X8_COLS?n-c0:LSP_MC_X8_COLS;
       lsp_mc_q4_Kx8(K, (const uint8_t*)&wx[g*nb], y+c0*ys, ys, nc, o);
       for (int c=0;c<nc;c++) for(int r=0;r<8;r++) if (o[8*c+r]!=wide[(c0+c)*R+8*g+r]) mism++; } }
   printf("q4_Kx8 K=%d R=%d max rel err %.2e, differs across widths: %d\n", K, R, maxrel, mism);
   for (int n=1;n<=16;n*=2){ int reps=20; double t0=now();
     for (int rep=0;rep<reps;rep++) for (int r=0;r<R;r++) for (int c=0;c<n;c++) ggml_vec_dot_q4_K_q8_K(K, &ref[c], 0, w+r*rs, 0, y+c*ys, 0, 1);
     double tv=(now()-t0)/reps; t0=now();
-    for (int rep=0;rep<reps;rep++) for (int g=0; g<R/8; g++) for (int c0=0;c0<n;c0+=LSP_MC_MAX_COLS){ int nc=n-c0<LSP_MC_MAX_COLS?n-c0:LSP_MC_MAX_COLS; lsp_mc_q4_Kx8(K, (const uint8_t*)&wx[g*nb], y+c0*ys, ys, nc, o);}
+    for (int rep=0;rep<reps;rep++) for (int g=0; g<R/8; g++) for (int c0=0;c0<n;c0+=LSP_MC_X8_COLS){ int nc=n-c0<LSP_MC_X8_COLS?n-c0:LSP_MC_X8_COLS; lsp_mc_q4_Kx8(K, (const uint8_t*)&wx[g*nb], y+c0*ys, ys, nc, o);}
     double tm=(now()-t0)/reps;
     printf("  n=%2d vec_dot %.3f ms  x8 kernel %.3f ms  (%.2fx faster)\n", n, tv*1e3, tm*1e3, tv/tm); }
 }
