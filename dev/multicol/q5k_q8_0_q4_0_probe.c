@@ -6,7 +6,7 @@
 //   gcc -O3 -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mfma -mf16c -mavx2 q5k_q8_0_q4_0_probe.c
 //       -I$S/src/ggml-cpu -I$S/include -I$S/src -L$L -lggml -lggml-base -lggml-cpu -lm
 //       -Wl,-rpath,$L -o probe && ./probe K ROWS      (e.g. 1536 2048, 8960 1536)
-// (the AVX2 build of the kernels, Q5_K only: the same line without the -mavx512* flags)
+// (the AVX2 build of the kernels, Q4_0 8x8 and Q5_K: the same line without the -mavx512* flags)
 #define GGML_COMMON_DECL_C
 #include "ggml-common.h"
 #include "ggml.h"
@@ -43,8 +43,9 @@ static void repack_q4_0x8(const block_q4_0 * in, uint8_t * out) {
 static void run(int t, int K, int R, const char * w, size_t rs, const uint8_t * wx, const char * y, size_t ys,
                 uint8_t * codes, float * d, int n, float * out) {
   float o[64];
-  for (int c0 = 0; c0 < n; c0 += LSP_MC_MAX_COLS) {
-    const int nc = n - c0 < LSP_MC_MAX_COLS ? n - c0 : LSP_MC_MAX_COLS;
+  const int step = t == T_Q5_K ? LSP_MC_MAX_COLS : 8;   // multicol-q8_0.h's kernels take 8 a call
+  for (int c0 = 0; c0 < n; c0 += step) {
+    const int nc = n - c0 < step ? n - c0 : step;
     if (t == T_Q5_K) {
       for (int r = 0; r < R; r++) {
         lsp_mc_q5_K(K, (const block_q5_K *) (w + r * rs), y + c0 * ys, ys, nc, o);
@@ -52,11 +53,14 @@ static void run(int t, int K, int R, const char * w, size_t rs, const uint8_t * 
       }
       continue;
     }
-#ifdef LSP_MC_Q8_0
+#ifdef LSP_MC_Q4_0X8
     lsp_mc_q8_0_prepare(K, y + c0 * ys, ys, nc, codes, d);
     for (int g = 0; g < R / 8; g++) {
+#ifdef LSP_MC_Q8_0
       if (t == T_Q8_0) lsp_mc_q8_0x8(K, (const block_q8_0 *) (w + 8 * g * rs), rs, codes, d, nc, o);
-      else lsp_mc_q4_0x8(K, wx + (size_t) g * (K / 32) * 144, codes, d, nc, o);
+      else
+#endif
+      lsp_mc_q4_0x8(K, wx + (size_t) g * (K / 32) * 144, codes, d, nc, o);
       for (int c = 0; c < nc; c++) for (int r = 0; r < 8; r++) out[(c0 + c) * R + 8 * g + r] = o[8 * c + r];
     }
 #endif
@@ -66,10 +70,9 @@ static void run(int t, int K, int R, const char * w, size_t rs, const uint8_t * 
 int main(int argc, char ** argv) {
   ggml_cpu_init();
   int K = atoi(argv[1]), R = atoi(argv[2]);
-#ifdef LSP_MC_Q8_0
   for (int t = 0; t < 3; t++) {
-#else
-  for (int t = T_Q5_K; t < 3; t++) {   // the AVX2 build has the Q5_K kernel only
+#ifndef LSP_MC_Q8_0
+    if (t == T_Q8_0) continue;   // the AVX2 build has no Q8_0 rows' kernel
 #endif
     enum ggml_type type = t == T_Q8_0 ? GGML_TYPE_Q8_0 : t == T_Q4_0X8 ? GGML_TYPE_Q4_0 : GGML_TYPE_Q5_K;
     enum ggml_type yt = t == T_Q5_K ? GGML_TYPE_Q8_K : GGML_TYPE_Q8_0;

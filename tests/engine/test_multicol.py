@@ -8,8 +8,8 @@ vec_dot per column for the K-quants' plain rows, llamafile's tinyBLAS for Q8_0 r
 gemm/gemv for the repacked layouts. On random weights and activations, for every width 1..16,
 the kernels' output lies within a stated tolerance of ggml's, and each column's output is the
 same bit for bit at every width from 2 up; the patch's call counter shows they ran (on AVX2 the
-plain-row Q6_K kernel sums exactly as ggml's own, so its output alone could not). The Q8_0 and
-Q4_0 kernels exist in AVX-512 VNNI builds only (native.has_multicol_q8_0_kernels). The repacked
+plain-row Q6_K kernel sums exactly as ggml's own, so its output alone could not). The Q8_0 rows'
+kernel exists in AVX-512 VNNI builds only (native.has_multicol_q8_0_kernels). The repacked
 Q6_K layout is the kernels' own (AVX-512 VNNI and AVX2 builds): with them switched off a plain
 scalar loop over it stands for ggml's kernels. ggml is driven through its C API (ctypes), no model.
 """
@@ -42,7 +42,7 @@ class Case:
     repack: bool = False
     k: int = 768          # three 256-code blocks a row
     rows: int = 96
-    q8_0: bool = False    # a kernel of multicol-q8_0.h (AVX-512 VNNI builds only)
+    q8_0: bool = False    # the Q8_0 rows' kernel of multicol-q8_0.h (AVX-512 VNNI builds only)
 
 
 CASES = [Case("Q4_K", Q4_K), Case("Q5_K", Q5_K), Case("Q6_K", Q6_K),
@@ -51,7 +51,7 @@ CASES = [Case("Q4_K", Q4_K), Case("Q5_K", Q5_K), Case("Q6_K", Q6_K),
          Case("Q4_K-repacked", Q4_K, repack=True),
          # the kernels' own layout; switched off, a scalar path stands for ggml's
          Case("Q6_K-repacked", Q6_K, repack=True),
-         Case("Q4_0-repacked", Q4_0, repack=True, q8_0=True)]
+         Case("Q4_0-repacked", Q4_0, repack=True)]
 
 pytestmark = pytest.mark.skipif(not native.has_multicol_kernels(),
                                 reason="llama.cpp built without the multi-column kernels "
@@ -60,7 +60,7 @@ pytestmark = pytest.mark.skipif(not native.has_multicol_kernels(),
 
 def _built(case: Case) -> None:
     if case.q8_0 and not native.has_multicol_q8_0_kernels():   # AVX-512 VNNI builds
-        pytest.skip("the Q8_0 / Q4_0 kernels are built for AVX-512 VNNI CPUs only")
+        pytest.skip("the Q8_0 rows' kernel is built for AVX-512 VNNI CPUs only")
 
 
 def _kernel_calls() -> int:
