@@ -13,7 +13,9 @@ $(VENV)/.installed: pyproject.toml packaging/build-llama-wheel.sh $(wildcard pac
 	$(BIN)/pip install -q "torch==2.13.0" || $(BIN)/pip install -q torch --index-url https://download.pytorch.org/whl/cpu
 	# a rebuilt wheel (another patch) keeps the version: pip would keep the one installed
 	whl="$$(PYTHON=$(BIN)/python packaging/build-llama-wheel.sh)" && $(BIN)/pip install -q "$$whl" && \
-		$(BIN)/pip install -q --force-reinstall --no-deps "$$whl"
+		$(BIN)/pip install -q --force-reinstall --no-deps "$$whl" && \
+		rm -rf $(VENV)/avx2-ggml && if [ -d "$$(dirname "$$whl")/avx2" ]; then \
+		cp -rP "$$(dirname "$$whl")/avx2" $(VENV)/avx2-ggml; fi
 	$(BIN)/pip install -q -e ".[test]"
 	touch $@
 

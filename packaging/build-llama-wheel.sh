@@ -28,6 +28,7 @@ if [ "${LOCALSPEC_CUDA:-0}" = 1 ]; then
 fi
 stamp="$ver $args $($python -c 'import sys; print(sys.version_info[:2])')"
 if [ -n "$patches" ]; then stamp+=" $(cat $patches | sha256sum)"; fi
+stamp+=" $(sha256sum < "$0")"   # this script: what it builds beside the wheel (avx2/) is cached too
 key=$(echo "$stamp" | sha256sum | cut -c1-12)
 dir="$cache/$key"
 whl=$(ls "$dir"/llama_cpp_python-"$ver"-*.whl 2>/dev/null | head -1 || true)
@@ -52,6 +53,23 @@ if [ -z "$whl" ]; then
   fi
   CMAKE_ARGS="$args" CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
     $python -m pip wheel -q --no-cache-dir --no-deps --no-binary=llama-cpp-python "$src" -w "$tmp" >&2
+  # On an AVX-512 CPU the wheel takes the patches' AVX-512 kernels, so their AVX2 forms (what CPUs
+  # without AVX-512 run) would go untested here: the same patched llama.cpp is built for AVX2 too,
+  # its libraries kept beside the wheel (avx2/) for tests/engine/test_multicol_avx2.py. Skipped
+  # without a cmake on the PATH (the wheel's own build brings one of its own).
+  if [ -n "$patches" ] && [ "$(has avx512f)" = ON ] && [ "$(has avx2)" = ON ] && command -v cmake >/dev/null; then
+    echo "building its AVX2 libraries for the kernels' tests ..." >&2
+    a2="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON"
+    a2+=" -DGGML_AVX512=OFF -DGGML_AVX_VNNI=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
+    a2+=" -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF"
+    a2+=" -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DBUILD_SHARED_LIBS=ON -DCMAKE_BUILD_TYPE=Release"
+    if ! { cmake -S "$src/vendor/llama.cpp" -B "$tmp/avx2" $a2 >/dev/null &&
+           cmake --build "$tmp/avx2" --target llama ggml-cpu -j "$(nproc)" >/dev/null &&
+           mkdir -p "$dir/avx2.tmp" && cp -P "$tmp"/avx2/bin/lib*.so* "$dir/avx2.tmp/" &&
+           mv "$dir/avx2.tmp" "$dir/avx2"; }; then
+      echo "the AVX2 libraries did not build: their test will skip" >&2; rm -rf "$dir/avx2.tmp"
+    fi
+  fi
   mv "$tmp"/llama_cpp_python-*.whl "$dir"/ && rm -rf "$tmp"
   whl=$(ls "$dir"/llama_cpp_python-"$ver"-*.whl | head -1)
 fi
