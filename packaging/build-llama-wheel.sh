@@ -16,12 +16,13 @@ args="-DGGML_NATIVE=OFF -DGGML_AVX=$(has avx) -DGGML_AVX2=$(has avx2) -DGGML_FMA
 args+=" -DGGML_F16C=$(has f16c) -DGGML_BMI2=$(has bmi2) -DGGML_AVX_VNNI=$(has avx_vnni)"
 args+=" -DGGML_AVX512=$(has avx512f) -DGGML_AVX512_VBMI=$(has avx512vbmi)"
 args+=" -DGGML_AVX512_VNNI=$(has avx512_vnni) -DGGML_AVX512_BF16=$(has avx512_bf16)"
-args+=" -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
-args+=" -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF"
-args+=" -DLLAMA_BUILD_SERVER=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF"
+common="-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"   # every build's, the AVX2 one's too
+common+=" -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF"
+common+=" -DLLAMA_BUILD_SERVER=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF"
+args+=" $common"
 # every build carries packaging/patches (see packaging/README.md): one CUDA graph per batch shape
 # (CUDA); switches for ggml's split-KV attention and tiled matmul, and multi-column Q4_K/Q5_K/Q6_K
-# (and, with AVX-512 VNNI, Q8_0 and repacked Q4_0) kernels for small batches (CPU)
+# and repacked Q4_0 (and, with AVX-512 VNNI, Q8_0) kernels for small batches (CPU)
 patches=$(ls "$(dirname "$0")"/patches/*.patch 2>/dev/null || true)
 if [ "${LOCALSPEC_CUDA:-0}" = 1 ]; then
   args+=" -DGGML_CUDA=on"
@@ -60,9 +61,7 @@ if [ -z "$whl" ]; then
   if [ -n "$patches" ] && [ "$(has avx512f)" = ON ] && [ "$(has avx2)" = ON ] && command -v cmake >/dev/null; then
     echo "building its AVX2 libraries for the kernels' tests ..." >&2
     a2="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON"
-    a2+=" -DGGML_AVX512=OFF -DGGML_AVX_VNNI=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
-    a2+=" -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF"
-    a2+=" -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DBUILD_SHARED_LIBS=ON -DCMAKE_BUILD_TYPE=Release"
+    a2+=" -DGGML_AVX512=OFF -DGGML_AVX_VNNI=OFF $common -DBUILD_SHARED_LIBS=ON -DCMAKE_BUILD_TYPE=Release"
     if ! { cmake -S "$src/vendor/llama.cpp" -B "$tmp/avx2" $a2 >/dev/null &&
            cmake --build "$tmp/avx2" --target llama ggml-cpu -j "$(nproc)" >/dev/null &&
            mkdir -p "$dir/avx2.tmp" && cp -P "$tmp"/avx2/bin/lib*.so* "$dir/avx2.tmp/" &&
