@@ -68,15 +68,33 @@ CONFIGS = {
     "head": BenchConfig("head", ("head",), TreeBudget(max_nodes=12), HEAD_LIMITS),
     "adaptive-head": BenchConfig("adaptive-head", ("maxgram", "ngram", "head"),
                                  TreeBudget(max_nodes=DEFAULT_TREE_NODES, adaptive=True), HEAD_LIMITS),
+    # the same with the head growing its whole budget every round: what its growth floor saves
+    "adaptive-head-full": BenchConfig("adaptive-head-full", ("maxgram", "ngram", "head"),
+                                      TreeBudget(max_nodes=DEFAULT_TREE_NODES, adaptive=True),
+                                      replace(HEAD_LIMITS, floor=0.0)),
+    # the head drafting chains (one guess a node) in the adaptive engine, with and without the
+    # personal n-grams beside it: the tree's shape against a chain on this machine
+    "adaptive-head-chain": BenchConfig("adaptive-head-chain", ("maxgram", "ngram", "head"),
+                                      TreeBudget(max_nodes=DEFAULT_TREE_NODES, adaptive=True),
+                                      replace(HEAD_LIMITS, branching=1, width=1)),
+    "adaptive-mg-head-chain": BenchConfig("adaptive-mg-head-chain", ("maxgram", "head"),
+                                      TreeBudget(max_nodes=DEFAULT_TREE_NODES, adaptive=True),
+                                      replace(HEAD_LIMITS, branching=1, width=1)),
 }
 
 
 def config(name: str) -> BenchConfig:
     """A configuration by name: one of CONFIGS, "adaptive-N", the adaptive one with trees of at
-    most N nodes (to compare budgets side by side in one run), or "head-N", the head alone with
-    trees of N nodes (its acceptance at a tree size: issue 19 asks for it at 16)."""
+    most N nodes (to compare budgets side by side in one run), "head-N", the head alone with
+    trees of N nodes (its acceptance at a tree size: issue 19 asks for it at 16), or
+    "head-chain-N", the head alone drafting one chain of N tokens (one row a step)."""
     if name in CONFIGS:
         return CONFIGS[name]
+    m = re.fullmatch(r"head-chain-([0-9]+)", name)
+    if m and 1 <= int(m.group(1)) <= 16:
+        depth = int(m.group(1))
+        return BenchConfig(name, ("head",), TreeBudget(max_nodes=depth),
+                           replace(HEAD_LIMITS, max_depth=depth, branching=1, width=1))
     m = re.fullmatch(r"(adaptive|head)-([0-9]+)", name)
     if m and 1 <= int(m.group(2)) <= 64:
         nodes = int(m.group(2))
@@ -148,7 +166,10 @@ def _engines(loaded: Loaded, store, names: Sequence[str],
     for name in names:
         cfg = config(name)
         limits = cfg.draft_limits
-        parts = replace(loaded.parts, store=store, draft_limits=limits, head_limits=limits)
+        head_limits = limits
+        if cfg.budget.adaptive and limits.floor is None:   # the head's floor here (build.load)
+            head_limits = replace(limits, floor=loaded.parts.head_limits.floor)
+        parts = replace(loaded.parts, store=store, draft_limits=limits, head_limits=head_limits)
         stages = ["torch-draft" if s == "draft" and in_torch else s for s in cfg.stages]
         missing = [s for s, kind in zip(cfg.stages, stages) if not parts.has(kind)]
         if missing:
@@ -238,6 +259,7 @@ def run_bench(target: Path, draft: Path | None, prompts: Sequence[Prompt], names
             report["head"] = {"file": head_model.path.name, **{k: v for k, v in head_model.meta.items()
                                                                 if k != "format"}}
             report["head"]["numerics"] = "int8 weights" if head_model.int8 else str(head_model.dtype)[6:]
+            report["head"]["growth_floor"] = loaded.parts.head_limits.floor
             if head_costs is not None:
                 report["head"]["step_ms"] = {n: round(1e3 * s, 3) for n, s in head_costs.draft.items()}
         if costs is not None:

@@ -249,17 +249,20 @@ def load(options: Options, names: Sequence[str], *, measure: bool, refresh: bool
         costs = (calibrate(model, gguf, nodes, refresh=refresh, progress=progress)
                  if measure else None)
         left_out, curves = None, {}
-        if head is not None and options.head_found and costs is not None:
+        head_limits = options.head_limits
+        if head is not None and costs is not None:
             from .drafters.head import head_costs
 
             curve = head_costs(costs, head)       # the head's step, measured now
-            left_out = _head_too_dear(head.path, curve)
+            left_out = _head_too_dear(head.path, curve) if options.head_found else None
             if left_out:   # the run's costs are the target's without hidden states (cached apart)
                 head = None
                 model.set_hidden(False)
                 costs = calibrate(model, gguf, nodes, refresh=refresh, progress=progress)
             else:          # stage_costs' entry for the head: its step measured once a load
                 curves[("head",)] = curve
+                if head_limits.floor is None:   # its trees grow only what pays here
+                    head_limits = replace(head_limits, floor=curve.growth_floor(head_limits.width))
     except BaseException:
         for resource in reversed(opened):
             resource.close()
@@ -269,7 +272,7 @@ def load(options: Options, names: Sequence[str], *, measure: bool, refresh: bool
                          else gguf.n_gpu_layers != 0)
                     and not (costs is not None and costs.cheap_switch))
     parts = registry.Parts(Target(model, hidden_tail=HEAD_CONTEXT if head else 1), gguf_draft=gguf, torch_lm=lm, head=head, store=store,
-                           draft_limits=options.draft_limits, head_limits=options.head_limits,
+                           draft_limits=options.draft_limits, head_limits=head_limits,
                            draft_stable=draft_stable,
                            draft_path=Path(options.draft) if options.draft else None)
     return Loaded(options, model, parts, costs, left_out, curves)

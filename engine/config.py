@@ -70,6 +70,11 @@ class DraftLimits:
     branching: int = 2
     width: int = 4
     chain: int = 8      # cheaper stages' nodes the draft checks along in each forward (0: off)
+    # Growth stops below this path probability under the drafter (0: grows its whole budget):
+    # a node costs a verify row and, alone at its depth, a drafter step, which a guess less
+    # likely than this does not return on this machine. None: `Costs.growth_floor` where the
+    # load measures costs (a head's, build.load), else 0.
+    floor: float | None = None
 
     @property
     def pad_rows(self) -> int:

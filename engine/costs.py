@@ -85,6 +85,15 @@ class Costs:
     def draft_cost(self, n: int) -> float:
         return self._at(self._rising[1], n) if self.draft else 0.0
 
+    def growth_floor(self, width: int) -> float:
+        """The path probability a neural drafter's node must reach to pay here (DraftLimits.floor):
+        what it costs, a verify row (the mean of the first `width` rows beyond the root's) and,
+        alone at its depth, one drafter step, in plain target steps, the price of the token it
+        saves when accepted."""
+        width = max(1, width)
+        row = (self.target_cost(1 + width) - self.target_cost(1)) / width
+        return min(1.0, (row + self.draft_cost(1)) / self.target_cost(1))
+
     def best_case_rate(self, arm: Arm, width: int, max_depth: int) -> float:
         """Tokens per second of `arm` if drafts were accepted at OPTIMISTIC along a chain."""
         if arm.nodes == 0:

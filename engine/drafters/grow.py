@@ -54,11 +54,13 @@ class GrowLimits:
     branching: int    # children per node
     width: int        # nodes evaluated per forward
     chain: int = 8    # cheaper stages' nodes checked along per forward (greedy vertical cascade)
+    floor: float = 0.0   # no node whose path probability under the drafter is below it (0: off)
 
     @classmethod
     def of(cls, budget: int, limits: DraftLimits) -> GrowLimits:
         """This round's limits: `budget` nodes, grown as the drafter's `limits` say."""
-        return cls(budget, limits.max_depth, limits.branching, limits.width, limits.chain)
+        return cls(budget, limits.max_depth, limits.branching, limits.width, limits.chain,
+                   limits.floor or 0.0)
 
 
 class _Draws:
@@ -93,7 +95,10 @@ def _draws_for(tree: DraftTree, node: int, dist: Dist, branching: int, sampling:
 
 def grow(tree: DraftTree, stage: int, limits: GrowLimits, sampling: SamplingParams,
          rng: np.random.Generator, ev: TreeEvaluator) -> int:
-    """Grow `tree` best-first from its root; returns the number of nodes added."""
+    """Grow `tree` best-first from its root; returns the number of nodes added. Growth ends
+    early where the likeliest candidate's path probability is below `limits.floor`: best-first,
+    every later candidate is less likely still (a later draw of a parent enters the heap only
+    after the earlier one, so a sampled sibling list is never left with a gap)."""
     added = 0
     budget = min(limits.budget, tree.room)
     if budget <= 0 or limits.max_depth <= 0:
@@ -109,10 +114,11 @@ def grow(tree: DraftTree, stage: int, limits: GrowLimits, sampling: SamplingPara
 
     known: dict[int, Dist] = {}   # cheaper stages' nodes evaluated along, not yet adopted
     cascade = sampling.greedy and limits.chain > 0
+    floor = -math.log(limits.floor) if limits.floor > 0 else math.inf   # on the heap's negated logp
     push(_draws_for(tree, 0, ev.evaluate_root(tree), limits.branching, sampling, rng))
     while heap and added < budget:
         batch: list[int] = []
-        while heap and len(batch) < limits.width and added < budget:
+        while heap and len(batch) < limits.width and added < budget and heap[0][0] <= floor:
             _, _, d = heapq.heappop(heap)
             token, lq = int(d.tokens[d.next]), float(d.logq[d.next])
             d.next += 1

@@ -19,3 +19,10 @@ def test_a_batch_costs_no_less_than_a_smaller_one():
     assert costs.draft_cost(2) == 0.5 and costs.draft_cost(3) == pytest.approx(0.55)
     assert costs.target == MEASURED, "what was measured is kept as measured"
     assert costs.to_dict()["target_ms"][2] == pytest.approx(1520.0)
+
+
+def test_growth_floor_prices_a_row_and_a_draft_step_in_plain_steps():
+    costs = Costs({1: 30.0, 2: 33.0, 3: 36.0, 5: 42.0}, {1: 3.0, 4: 4.0})
+    assert costs.growth_floor(1) == pytest.approx((3.0 + 3.0) / 30.0)
+    assert costs.growth_floor(4) == pytest.approx(((42.0 - 30.0) / 4 + 3.0) / 30.0)
+    assert Costs({1: 1.0, 2: 5.0}, {1: 1.0}).growth_floor(1) == 1.0, "a floor is a probability"
