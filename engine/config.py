@@ -95,6 +95,11 @@ HEAD_LIMITS = DraftLimits(max_depth=8, branching=2, width=4, chain=0)
 # verify, and where steps cost more the head's rounds returned less than they cost, while the
 # target still paid for handing back its hidden states every call (docs/decisions/0031).
 HEAD_MAX_STEP_SHARE = 0.15
+# A model drafter whose one-row step costs at most this share of the target's runs with the free
+# drafters (policy.free_stages): every round, its worth and growth weighed as theirs are, instead
+# of in arms the bandit weighs against theirs, whose rare single-round probes starved a head on a
+# CPU (docs/decisions/0041).
+FREE_STEP_SHARE = 0.1
 # A prompt's last tokens whose target states the head reads (its context when a generation
 # starts; later the generated text's): each is an output row of logits in the prefill.
 HEAD_CONTEXT = 128

@@ -137,9 +137,10 @@ class Engine:
         owed = 0.0
         for stage in plan.stages:
             d = self.stages[stage]
-            budget = plan.budget(stage, not d.uses_model, tree.n - 1)
+            free = stage in plan.free
+            budget = plan.budget(stage, tree.n - 1)
             if budget <= 0:
-                if d.uses_model:
+                if not free:
                     break
                 continue
             caught = time.perf_counter()
@@ -150,7 +151,7 @@ class Engine:
             spent = time.perf_counter() - began
             counted[stage].rounds += 1
             counted[stage].seconds += spent
-            if not d.uses_model:
+            if free:
                 self.policy.ran(stage, spent)
         return tree, owed
 

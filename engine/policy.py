@@ -23,7 +23,7 @@ import numpy as np
 from . import prune
 from .budget import AdaptiveBudget, Arm
 from .costs import Costs
-from .config import TreeBudget
+from .config import FREE_STEP_SHARE, TreeBudget
 from .drafters.base import Drafter
 from .shapes import Shapes
 from .tree import DraftTree
@@ -53,10 +53,11 @@ class Plan:
     room: int                 # nodes the stages may add below the root
     free_room: int            # of which the free stages may fill
     grow: tuple[int, ...] = ()   # per stage index, the most nodes it may add (): no bound
+    free: tuple[int, ...] = ()   # which of `stages` are free (`free_stages`)
 
-    def budget(self, stage: int, free: bool, grown: int) -> int:
+    def budget(self, stage: int, grown: int) -> int:
         """Nodes `stage` may add to a tree that has `grown` below its root."""
-        room = (self.free_room if free else self.room) - grown
+        room = (self.free_room if stage in self.free else self.room) - grown
         return min(room, self.grow[stage]) if self.grow else room
 
 
@@ -75,7 +76,7 @@ class Policy(Protocol):
         """This round's tree, with at most `room` nodes below the root."""
 
     def ran(self, stage: int, seconds: float) -> None:
-        """Free stage `stage` of this round's plan proposed, in `seconds`."""
+        """Free stage `stage` of this round's plan proposed, in `seconds` (Plan.free)."""
 
     def select(self, tree: DraftTree) -> DraftTree:
         """The part of the drafted tree to verify: `tree` itself or a copy."""
@@ -98,20 +99,32 @@ class Policy(Protocol):
         """Start from an earlier `learnt()`; parts that do not fit are ignored."""
 
 
-def route(arm: Arm, stages: Sequence[Drafter]) -> tuple[tuple[int, ...], bool]:
-    """(the stages `arm` runs, in order; whether the free ones get half the room). A plain arm runs
-    none. With a model drafter after them the free stages fill at most half the tree: the model checks
-    their chains along (vertical cascade) and spends the rest on its own guesses."""
+def free_stages(stages: Sequence[Drafter], costs: Costs | None) -> tuple[bool, ...]:
+    """Per stage, whether it is free: the drafters without a model, and with a calibration a
+    model whose one-row step costs at most FREE_STEP_SHARE of the target's (a draft head on a
+    CPU). A free stage runs in the free drafters' arm, its running weighed round by round by its
+    own worth (worth.py) and its growth bounded by what pruning keeps; a model stage runs only in
+    the arms the bandit weighs against that one (budget.py)."""
+    cheap = (costs is not None and bool(costs.draft)
+             and costs.draft_cost(1) <= FREE_STEP_SHARE * costs.target_cost(1))
+    return tuple(not d.uses_model or cheap for d in stages)
+
+
+def route(arm: Arm, free: Sequence[bool]) -> tuple[tuple[int, ...], tuple[int, ...], bool]:
+    """(the stages `arm` runs, in order; which of them are free; whether the free ones get half
+    the room) over stages whose freedom is `free`. A plain arm runs none. With a model drafter
+    after them the free stages fill at most half the tree: the model checks their chains along
+    (vertical cascade) and spends the rest on its own guesses."""
     if arm.nodes == 0:
-        return (), False
-    chosen = tuple(i for i, d in enumerate(stages) if arm.models or not d.uses_model)
-    return chosen, arm.models and any(stages[i].uses_model for i in chosen)
+        return (), (), False
+    chosen = tuple(i for i, f in enumerate(free) if arm.models or f)
+    return chosen, tuple(i for i in chosen if free[i]), arm.models and not all(free[i] for i in chosen)
 
 
-def _plan(arm: Arm, routed: tuple[tuple[int, ...], bool], room: int) -> Plan:
-    stages, halved = routed
+def _plan(arm: Arm, routed: tuple[tuple[int, ...], tuple[int, ...], bool], room: int) -> Plan:
+    stages, free, halved = routed
     room = min(arm.nodes, room)
-    return Plan(arm, stages, room, room // 2 if halved else room)
+    return Plan(arm, stages, room, room // 2 if halved else room, free=free)
 
 
 class FixedPolicy:
@@ -123,7 +136,7 @@ class FixedPolicy:
 
     def __init__(self, arm: Arm, stages: Sequence[Drafter]) -> None:
         self.arms = (arm,)
-        self._route = route(arm, stages)
+        self._route = route(arm, [not d.uses_model for d in stages])
 
     def begin(self) -> None:
         """Nothing carries between generations."""
@@ -160,13 +173,15 @@ class AdaptivePolicy:
     cost curve)."""
 
     def __init__(self, arms: tuple[Arm, ...], stages: Sequence[Drafter], costs: Costs | None,
-                 shapes: Shapes, dropped: tuple[Arm, ...] = ()) -> None:
+                 shapes: Shapes, dropped: tuple[Arm, ...] = (), free: Sequence[bool] | None = None) -> None:
+        """free: per stage, whether it is free (`free_stages`; None: the drafters without a model)."""
         self.arms = arms
         self.dropped = dropped
         self.shapes = shapes
         self.costs = costs
         self.bandit = AdaptiveBudget(arms) if len(arms) > 1 else None
-        self._routes = [route(a, stages) for a in arms]
+        free = tuple(free) if free is not None else tuple(not d.uses_model for d in stages)
+        self._routes = [route(a, free) for a in arms]
         self._acceptance = prune.AcceptanceModel(len(stages)) if costs is not None else None
         self._worth = StageWorth(len(stages), costs.target_cost(1)) if costs is not None else None
         self._kept = DraftTree(capacity=max(2, max(a.nodes for a in arms) + 1))
@@ -178,7 +193,7 @@ class AdaptivePolicy:
         # nodes each stage had kept: decayed mean and last round (GROW_FACTOR); only where pruning
         # runs and the arm runs free stages alone (with a model stage, what the free ones leave
         # goes to the model: bounding them would change its share)
-        self._free = np.array([not d.uses_model for d in stages])
+        self._free = np.array(free, bool)
         self._kept_mean = np.zeros(len(stages))
         self._kept_last = np.zeros(len(stages))
 
@@ -206,7 +221,7 @@ class AdaptivePolicy:
 
     def ran(self, stage: int, seconds: float) -> None:
         """A free stage's propose took `seconds` (its worth's cost)."""
-        if self._worth is not None:
+        if self._worth is not None and self._free[stage]:
             self._worth.ran(stage, seconds)
 
     def select(self, tree: DraftTree) -> DraftTree:
@@ -295,16 +310,16 @@ def make_policy(budget: TreeBudget, stages: Sequence[Drafter], costs: Costs | No
     which picks the batch-shape mode (Shapes.of)."""
     if not stages:
         return FixedPolicy(Arm(0), stages)
-    arms = budget.arms(any(d.uses_model for d in stages), pruned=costs is not None,
-                       with_free=any(not d.uses_model for d in stages))
+    free = free_stages(stages, costs)
+    arms = budget.arms(not all(free), pruned=costs is not None, with_free=any(free))
     if costs is None and len(arms) == 1:
         return FixedPolicy(arms[0], stages)
     dropped: tuple[Arm, ...] = ()
     if costs is not None and len(arms) > 1:
-        limits = next((d.limits for d in stages if d.uses_model), None)
+        limits = next((d.limits for d, f in zip(stages, free) if not f), None)
         viable = costs.viable(arms, limits.width if limits else 4, limits.max_depth if limits else 8)
         # the free drafters' arm stands in for plain decoding (pruned rounds can be plain steps)
         kept = tuple(a for a in arms if a in viable or not a.models)
         dropped = tuple(a for a in arms if a not in kept)
         arms = kept
-    return AdaptivePolicy(arms, stages, costs, Shapes.of(offloaded, costs), dropped)
+    return AdaptivePolicy(arms, stages, costs, Shapes.of(offloaded, costs), dropped, free)

@@ -29,8 +29,9 @@ class Stage:
 
 
 FREE, OTHER_FREE, MODEL = Stage("maxgram", False), Stage("ngram", False), Stage("draft", True)
-CPU = Costs({1: 1.0, 2: 1.5, 9: 5.0, 17: 9.0, 33: 17.0}, {1: 0.1, 4: 0.15})   # each token: half a step
-GPU = Costs({1: 1.0, 2: 1.01, 9: 1.1, 17: 1.2, 33: 1.4}, {1: 0.1, 4: 0.15}, switch=3.0)
+# a draft model's step: a fifth of the target's (a head's of a tenth or less is a free stage)
+CPU = Costs({1: 1.0, 2: 1.5, 9: 5.0, 17: 9.0, 33: 17.0}, {1: 0.2, 4: 0.3})   # each token: half a step
+GPU = Costs({1: 1.0, 2: 1.01, 9: 1.1, 17: 1.2, 33: 1.4}, {1: 0.2, 4: 0.3}, switch=3.0)
 CHEAP = replace(GPU, switch=0.5)          # llama.cpp keeping a CUDA graph per shape
 
 
@@ -65,8 +66,8 @@ def test_a_fixed_tree_without_costs_verifies_every_drafted_node_at_its_size():
     policy = make_policy(TreeBudget(max_nodes=8), [FREE, MODEL], None, offloaded=True)
     assert isinstance(policy, FixedPolicy) and policy.shapes is Shapes.FREE
     # the free stage fills half the tree, the model checks it along and spends the rest
-    assert policy.plan(room=100) == Plan(Arm(8), (0, 1), 8, 4)
-    assert policy.plan(room=5) == Plan(Arm(8), (0, 1), 5, 2)     # the context's end bounds it
+    assert policy.plan(room=100) == Plan(Arm(8), (0, 1), 8, 4, free=(0,))
+    assert policy.plan(room=5) == Plan(Arm(8), (0, 1), 5, 2, free=(0,))     # the context's end bounds it
     tree = chain((10, 11, 12), hint=0)
     assert policy.select(tree) is tree
 
@@ -127,8 +128,8 @@ def test_each_arm_runs_its_own_stages():
         plan = policy.plan(room=64)
         plans[plan.arm] = plan
         policy.observe(chain(()), (), [7], greedy=True, started=time.perf_counter() - 1e-3)
-    assert replace(plans[Arm(32, models=False)], grow=()) == Plan(Arm(32, models=False), (0, 1), 32, 32)
-    assert replace(plans[Arm(8)], grow=()) == Plan(Arm(8), (0, 1, 2), 8, 4)
+    assert replace(plans[Arm(32, models=False)], grow=()) == Plan(Arm(32, models=False), (0, 1), 32, 32, free=(0, 1))
+    assert replace(plans[Arm(8)], grow=()) == Plan(Arm(8), (0, 1, 2), 8, 4, free=(0, 1))
 
 
 def test_a_free_stage_grows_about_what_pruning_kept_of_it():
@@ -144,7 +145,7 @@ def test_a_free_stage_grows_about_what_pruning_kept_of_it():
     policy.observe(kept, (), [7], greedy=True, started=time.perf_counter())
     plan = policy.plan(room=64)
     assert plan.grow[:2] == (GROW_FACTOR * 5 + GROW_MARGIN, GROW_MARGIN)
-    assert plan.budget(0, True, 0) == min(plan.free_room, GROW_FACTOR * 5 + GROW_MARGIN)
+    assert plan.budget(0, 0) == min(plan.free_room, GROW_FACTOR * 5 + GROW_MARGIN)
     # a round that keeps nothing falls back on the decayed mean, never below the margin
     policy.select(chain(()))
     plan = policy.plan(room=64)
@@ -168,7 +169,7 @@ def test_an_arm_with_a_model_stage_leaves_the_free_stages_their_share():
 def test_without_pruning_nothing_bounds_growth():
     policy = AdaptivePolicy((Arm(16, models=False),), [FREE, OTHER_FREE], None, Shapes.FREE)
     plan = policy.plan(room=64)
-    assert plan.grow == () and plan.budget(1, True, 3) == plan.free_room - 3
+    assert plan.grow == () and plan.budget(1, 3) == plan.free_room - 3
 
 
 def test_a_free_stage_sits_out_rounds_where_its_time_costs_more_than_it_brings():
@@ -242,3 +243,35 @@ def test_what_one_run_learnt_starts_the_next():
     other = make_policy(budget, [FREE, OTHER_FREE, MODEL], CPU, offloaded=False)
     other.resume(first.learnt())                # other stages: the counts do not fit, start afresh
     assert not any(map(any, other.learnt()["acceptance"]["proposed"][0]))
+
+
+def test_a_model_whose_step_is_cheap_here_runs_with_the_free_stages():
+    """A head on a CPU: its step a twentieth of the target's. It drafts in the free arm, every
+    round its worth allows, with no arm of its own for the bandit to weigh; the same head where
+    its step is dearer (a GPU) keeps its arms."""
+    head = Stage("head", True)
+    cheap = replace(CPU, draft={1: 0.05, 4: 0.06})
+    policy = make_policy(TreeBudget(max_nodes=32, adaptive=True), [FREE, OTHER_FREE, head], cheap,
+                         offloaded=False)
+    assert policy.arms == (Arm(32, models=False),) and policy.bandit is None
+    plan = policy.plan(room=64)
+    assert plan.stages == (0, 1, 2) and plan.free == (0, 1, 2) and plan.free_room == plan.room
+    assert len(plan.grow) == 3, "its growth is bounded by what pruning keeps, as theirs is"
+    dear = make_policy(TreeBudget(max_nodes=32, adaptive=True), [FREE, OTHER_FREE, head], CPU,
+                       offloaded=False)
+    assert any(a.models for a in dear.arms) and Arm(32, models=False) in dear.arms
+    assert all(2 not in dear.plan(room=64).free for _ in range(4))
+
+
+def test_a_free_model_stage_sits_out_where_its_time_costs_more_than_it_brings():
+    head = Stage("head", True)
+    cheap = replace(CPU, draft={1: 0.05, 4: 0.06})
+    policy = make_policy(TreeBudget(max_nodes=32, adaptive=True), [FREE, head], cheap, offloaded=False)
+    ran = 0
+    for _ in range(400):
+        plan = policy.plan(room=64)
+        if 1 in plan.stages:
+            ran += 1
+            policy.ran(1, 0.5)   # half a target step a round, and never a token accepted
+        policy.observe(policy.select(chain(())), (), [7], greedy=True, started=time.perf_counter())
+    assert 0 < ran < 100, ran
