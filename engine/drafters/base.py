@@ -24,7 +24,8 @@ A drafter keeps its own view of the committed context (the prompt plus every acc
 
 What the engine reads without calling: ``name`` (statistics, token sources); ``uses_model``, which
 tells a drafter that runs a neural model (whose rounds cost real time) from a free one (Max-Gram,
-n-grams), so the adaptive budget may run the free ones alone; ``vocab_size``, checked against the
+n-grams), so the adaptive budget may run the free ones alone (a model whose measured step is a
+small share of the target's counts as free too: ``policy.free_stages``); ``vocab_size``, checked against the
 target's (None: the drafter proposes the target's own tokens); ``limits``, how it grows its part of
 the tree (a neural drafter's DraftLimits, whose width and depth the cost model reads).
 

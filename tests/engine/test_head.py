@@ -310,6 +310,45 @@ def test_head_drafts_the_targets_tokens_far_above_chance_and_output_stays_plain(
     assert rounds > 10 and first / rounds >= 0.4 and deeper > 0, (first, rounds, deeper)
 
 
+def test_a_head_whose_step_is_cheap_drafts_as_a_free_stage_above_its_floor(tiny, tiny_head, monkeypatch):
+    """Where the head's step is a twentieth of the target's (a CPU's share), the adaptive engine
+    runs it with Max-Gram in the free arm (no bandit), its trees stop at the growth floor the
+    costs give, it drafts tokens the target accepts, and greedy output stays plain decoding's."""
+    from tiny_models import held_out_corpus
+
+    from localspec.engine import build
+    from localspec.engine.budget import Arm
+    from localspec.engine.costs import Costs
+
+    # a CPU-like target step (50 ms: the stages' worth sets their real Python time against it)
+    # and a head's step of a twentieth of it
+    flat = Costs({1: 0.05, 2: 0.0525, 4: 0.055, 8: 0.06, 16: 0.07, 32: 0.09}, {})
+    monkeypatch.setattr(build, "calibrate", lambda *a, **k: flat)
+    monkeypatch.setattr(DraftHead, "measure", lambda self, sizes=(1, 2, 4, 8), reps=5: {n: 2.5e-3 for n in sizes})
+    options = dict(n_ctx=512, n_threads=1)
+    session = Session(Options(tiny.target_gguf, head=tiny_head, personal=False, **options))
+    plain = Session(Options(tiny.target_gguf, speculation=False, **options))
+    try:
+        policy = session.engine.policy
+        assert policy.arms == (Arm(32, models=False),) and policy.bandit is None
+        head = next(d for d in session.stages if d.name == "head")
+        priced = Costs(flat.target, {n: 2.5e-3 for n in (1, 2, 4, 8)})   # with the head's step
+        assert head.limits.floor == pytest.approx(priced.growth_floor(head.limits.width))
+        assert 0 < head.limits.floor < 0.2
+        accepted = proposed = 0
+        for doc in held_out_corpus(8)[1:]:
+            prompt = session.raw_prompt(doc[:60])
+            got = session.run(prompt, max_tokens=32)
+            assert got.tokens == plain.run(prompt, max_tokens=32).tokens
+            stats = next(s for s in got.stats.stages if s.name == "head")
+            accepted += sum(stats.accepted)
+            proposed += sum(stats.proposed)
+    finally:
+        session.close()
+        plain.close()
+    assert accepted > 0 and proposed > accepted, (accepted, proposed)
+
+
 def test_a_head_for_another_target_of_the_same_shape_is_refused(tiny, tiny_head, tmp_path):
     """The target's fingerprint, not only its sizes, must match: a head made for other weights
     of the same shape (a fine-tune) drafts nothing useful."""
