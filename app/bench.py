@@ -72,14 +72,6 @@ CONFIGS = {
     "adaptive-head-full": BenchConfig("adaptive-head-full", ("maxgram", "ngram", "head"),
                                       TreeBudget(max_nodes=DEFAULT_TREE_NODES, adaptive=True),
                                       replace(HEAD_LIMITS, floor=0.0)),
-    # the head drafting chains (one guess a node) in the adaptive engine, with and without the
-    # personal n-grams beside it: the tree's shape against a chain on this machine
-    "adaptive-head-chain": BenchConfig("adaptive-head-chain", ("maxgram", "ngram", "head"),
-                                      TreeBudget(max_nodes=DEFAULT_TREE_NODES, adaptive=True),
-                                      replace(HEAD_LIMITS, branching=1, width=1)),
-    "adaptive-mg-head-chain": BenchConfig("adaptive-mg-head-chain", ("maxgram", "head"),
-                                      TreeBudget(max_nodes=DEFAULT_TREE_NODES, adaptive=True),
-                                      replace(HEAD_LIMITS, branching=1, width=1)),
 }
 
 
