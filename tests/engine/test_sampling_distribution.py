@@ -75,11 +75,13 @@ def test_staged_tree_sampling_matches_target_distribution(staged):
 
 
 @pytest.mark.slow
-def test_draft_head_sampling_matches_target_distribution(tiny, tiny_head):
-    """The head's proposals cover only its draft vocabulary (zero mass elsewhere): still exact."""
+@pytest.mark.parametrize("floor", [None, 0.15], ids=["whole-budget", "growth-floor"])
+def test_draft_head_sampling_matches_target_distribution(tiny, tiny_head, floor):
+    """The head's proposals cover only its draft vocabulary (zero mass elsewhere): still exact;
+    also where its growth stops at a floor (sampled siblings end where a draw falls below it)."""
     session = Session(Options(tiny.target_gguf, head=tiny_head, n_ctx=256, n_threads=1,
                                    budget=TreeBudget(max_nodes=8),
-                                   head_limits=DraftLimits(max_depth=3, branching=2, width=4)))
+                                   head_limits=DraftLimits(max_depth=3, branching=2, width=4, floor=floor)))
     try:
         prompt = session.raw_prompt("for i in range(")
         tv, bound = sampled_tv(session, prompt, exact_joint(session, prompt))
