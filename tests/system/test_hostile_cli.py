@@ -182,7 +182,11 @@ def test_ctrl_c_early_exits_130(tiny, delay):
     err = stderr_of(proc)
     if proc.returncode == 0:       # the machine was fast enough to finish first: nothing to test
         pytest.skip("the run ended before the signal")
-    assert proc.returncode == 130, err
+    # 130, or the process ended by the SIGINT itself after saying "interrupted" (a shell reports
+    # both as 130): seen once while Python was importing, in a fresh-clone `make test`; CPython
+    # ends a run that way when a KeyboardInterrupt passed unhandled through an evaluation it
+    # marks (its exit_sigint), whatever caught it later
+    assert proc.returncode in (130, -signal.SIGINT), err
     assert "Traceback" not in err and "Exception ignored" not in err and "interrupted" in err, err
 
 
