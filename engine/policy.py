@@ -136,7 +136,7 @@ class FixedPolicy:
 
     def __init__(self, arm: Arm, stages: Sequence[Drafter]) -> None:
         self.arms = (arm,)
-        self._route = route(arm, [not d.uses_model for d in stages])
+        self._route = route(arm, free_stages(stages, None))
 
     def begin(self) -> None:
         """Nothing carries between generations."""
@@ -180,7 +180,7 @@ class AdaptivePolicy:
         self.shapes = shapes
         self.costs = costs
         self.bandit = AdaptiveBudget(arms) if len(arms) > 1 else None
-        free = tuple(free) if free is not None else tuple(not d.uses_model for d in stages)
+        free = tuple(free) if free is not None else free_stages(stages, None)
         self._routes = [route(a, free) for a in arms]
         self._acceptance = prune.AcceptanceModel(len(stages)) if costs is not None else None
         self._worth = StageWorth(len(stages), costs.target_cost(1)) if costs is not None else None
@@ -221,7 +221,7 @@ class AdaptivePolicy:
 
     def ran(self, stage: int, seconds: float) -> None:
         """A free stage's propose took `seconds` (its worth's cost)."""
-        if self._worth is not None and self._free[stage]:
+        if self._worth is not None:
             self._worth.ran(stage, seconds)
 
     def select(self, tree: DraftTree) -> DraftTree:
