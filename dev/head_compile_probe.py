@@ -1,20 +1,20 @@
-"""Whether torch.compile (inductor) makes a draft head's step cheaper: the head's step as it runs
-today against the same step compiled, one row and eight, with the top guesses compared.
+"""What compiling a draft head's step buys on this GPU: the step as a run measures it
+(`DraftHead.measure`: graph replay, the inputs' fill and the read-back), eager kernels in the
+graphs against inductor's, for each compile mode named, with the seconds each mode took to
+compile all of a run's row buckets (`DraftHead.prepare`) and the top guesses compared.
 
-On a GPU a head step is ~40 small kernels replayed from a CUDA graph (their cost:
-docs/decisions/0031): fused by inductor into fewer, the replay should shrink. Here the compiled
-step is captured in a CUDA graph the way `DraftHead._capture` captures the eager one. On a CPU
-both run eagerly.
+Each mode runs in its own head, loaded afresh; inductor's cache is this run's own empty folder
+unless TORCHINDUCTOR_CACHE_DIR names one (--warm-cache: run every mode twice, the second from
+the first's cache, which is what a user's second load costs).
 
-The compiled function is `DraftHead._run` without its `inference_mode` decorator, called under
-`no_grad`: inductor fails on the head's inference tensors (0031). Compiling takes seconds a
-shape, so a run would need inductor's cache before this could be the default.
-
-    python dev/head_compile_probe.py --model target.gguf --head head.npz [--rows 1,8] [--reps 100]
+    python dev/head_compile_probe.py --model target.gguf --head head.npz
+        [--modes default,max-autotune-no-cudagraphs] [--reps 5] [--warm-cache]
 """
 from __future__ import annotations
 
 import argparse
+import os
+import tempfile
 import time
 
 from localspec.engine.llama_model import LlamaModel  # llama.cpp before torch: the GPU host needs it
@@ -22,67 +22,63 @@ from localspec.engine.llama_model import LlamaModel  # llama.cpp before torch: t
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from localspec.engine.drafters import head as head_mod  # noqa: E402
 from localspec.engine.drafters.head import TREE, WINDOW, DraftHead  # noqa: E402
 
-from head_step_probe import fastest  # noqa: E402  (dev/, the script's own folder)
+SIZES = (1, 2, 4, 8, 16)
 
 
-def graphed(fn, args: tuple):
-    """`fn(*args)` captured in a CUDA graph (warm-up on a side stream first, as DraftHead does):
-    (replay, outputs)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn(*args)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        outs = fn(*args)
-    return graph.replay, outs
+def guesses(head: DraftHead, n: int) -> np.ndarray:
+    """The top guesses of one step of n distinct rows against a full window."""
+    g = torch.Generator().manual_seed(n)
+    f = torch.randn(n, head.out.shape[1], generator=g).to(head.device, head.dtype)
+    mask = np.zeros((n, WINDOW + TREE), bool)
+    mask[:, :WINDOW] = True
+    mask[np.arange(n), WINDOW + np.arange(n)] = True
+    _, _, _, top = head.step(f, [(1000 + 7 * i) % head.vocab_size for i in range(n)],
+                             np.arange(n) + WINDOW, WINDOW + np.arange(n), mask)
+    return top.cpu().numpy()
+
+
+def run(args, mode: str | None, n_embd: int, vocab: int) -> tuple[dict, float, dict]:
+    head = DraftHead(args.head, args.model, n_embd=n_embd, vocab_size=vocab)
+    if mode is None:
+        head.compiled = False
+    else:
+        head_mod.COMPILE_MODE = mode
+    t = time.perf_counter()
+    head.prepare(lambda step: print(f"  {step.what} ({step.step}/{step.total})", flush=True))
+    took = time.perf_counter() - t
+    if head.compile_error:
+        print(f"  compiling failed, eager instead: {head.compile_error}")
+    steps = head.measure(SIZES, reps=args.reps)
+    return steps, took, {n: guesses(head, n) for n in SIZES}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
     ap.add_argument("--head", required=True)
-    ap.add_argument("--rows", default="1,8")
-    ap.add_argument("--reps", type=int, default=100)
-    ap.add_argument("--mode", default="max-autotune-no-cudagraphs", help="torch.compile's mode")
+    ap.add_argument("--modes", default="default,max-autotune-no-cudagraphs")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--warm-cache", action="store_true")
     args = ap.parse_args()
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="inductor-"))
     meta = LlamaModel(args.model, n_ctx=256, n_seq_max=1, n_gpu_layers=0, hidden=True)
     n_embd, vocab = meta.n_embd, meta.vocab_size
     meta.close()
-    head = DraftHead(args.head, args.model, n_embd=n_embd, vocab_size=vocab, int8=False)
-    cuda = head.device.type == "cuda"
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
-    run = DraftHead._run.__wrapped__   # without inference_mode (see above)
-    eager = lambda f, idx, m: run(head, f, idx, m)  # noqa: E731
-    compiled = torch.compile(eager, mode=args.mode, dynamic=False)
-    print(f"head {args.head} on {head.device} ({head.dtype}); compile mode {args.mode}")
-    print(f"{'rows':>4} {'eager':>8} {'compiled':>9} {'compile s':>9}  guesses equal  (ms, fastest of {args.reps})")
-    with torch.no_grad():
-        for n in (int(x) for x in args.rows.split(",")):
-            f = torch.ones(n, n_embd, device=head.device, dtype=head.dtype)
-            idx = torch.from_numpy(np.stack([head._slots([(1000 + 7 * i) % vocab for i in range(n)]),
-                                             np.arange(n) + WINDOW, WINDOW + np.arange(n)])).to(head.device)
-            mask = np.zeros((n, WINDOW + TREE), bool)
-            mask[:, :WINDOW] = True
-            mask[np.arange(n), WINDOW + np.arange(n)] = True
-            m = torch.from_numpy(mask).to(head.device)
-            t = time.perf_counter()
-            compiled(f, idx, m)
-            sync()
-            took = time.perf_counter() - t
-            if cuda:
-                step_e, out_e = graphed(eager, (f, idx, m))
-                step_c, out_c = graphed(compiled, (f, idx, m))
-            else:
-                step_e, step_c = (lambda: eager(f, idx, m)), (lambda: compiled(f, idx, m))
-                out_e, out_c = eager(f, idx, m), compiled(f, idx, m)
-            t_e, t_c = fastest(step_e, args.reps, sync), fastest(step_c, args.reps, sync)
-            same = bool((out_e[3] == out_c[3]).all())
-            print(f"{n:>4} {1e3 * t_e:8.3f} {1e3 * t_c:9.3f} {took:9.1f}  {same}")
+    print(f"torch {torch.__version__}; inductor cache {os.environ['TORCHINDUCTOR_CACHE_DIR']}")
+    rows = [("eager", None)] + [(m, m) for m in args.modes.split(",")]
+    if args.warm_cache:
+        rows += [(f"{m} (cached)", m) for m in args.modes.split(",")]
+    base = None
+    print(f"{'kernels':<36} {'prepare s':>9}  " + " ".join(f"{n:>2} rows" for n in SIZES) + "  (ms)")
+    for name, mode in rows:
+        steps, took, top = run(args, mode, n_embd, vocab)
+        base = base or top
+        same = all((top[n][:, 0] == base[n][:, 0]).all() for n in SIZES)
+        print(f"{name:<36} {took:9.1f}  " + " ".join(f"{1e3 * steps[n]:7.3f}" for n in SIZES)
+              + f"  top guesses as eager's: {same}", flush=True)
 
 
 if __name__ == "__main__":

@@ -240,6 +240,7 @@ def load(options: Options, names: Sequence[str], *, measure: bool, refresh: bool
         if "head" in names:
             try:
                 head = load_head(options.head, model)
+                head.prepare(progress)    # a GPU's graphs, compiled, before the costs measure them
             except LocalspecError as err:
                 from localspec.models.heads import is_installed
 

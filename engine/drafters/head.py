@@ -19,6 +19,7 @@ embedding rows when first met.
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 import warnings
 from dataclasses import replace
@@ -37,9 +38,11 @@ from ..errors import LocalspecError
 from ..tree import DraftTree
 from .grow import GrowLimits, grow
 from .head_net import HeadNet, HeadShape, attend, shape_problem
+from .head_step import StepNet, attend_few
 from .torch_draft import greedy_rows, process_rows
 
 if TYPE_CHECKING:
+    from ..calibrate import Progress
     from ..costs import Costs
 
 _BUCKETS = (1, 2, 4, 8, 16, 32)   # rows a step is padded to on a GPU (one CUDA graph each)
@@ -50,6 +53,10 @@ _TOPK = 4                         # top guesses a step hands back for greedy dra
 # values alone. A step's cost grows little with its rows up to a graph's size, while attention,
 # MLP and output rows for hundreds of pairs whose outputs nobody reads cost many steps.
 _FOLD = _BUCKETS[-1]
+# Rows up to which a CPU step attends by `attend_few` (faster there for a few rows, slower for more)
+_FEW = 4
+# inductor's mode for a GPU step (`DraftHead._compiled`)
+COMPILE_MODE = "default"
 # The head's cache: the last WINDOW pairs of the committed text (a ring; older ones drop out) and
 # TREE rows for the nodes of a round's tree, the last a scratch row for padding.
 WINDOW, TREE = 1024, 128
@@ -112,9 +119,9 @@ class DraftHead:
         self.vocab = arrays["vocab"].astype(np.int64)                          # [V_sub]
         emb, out, _ = target_tables(self._gguf, self.vocab, emb_rows=self.vocab)   # [V_sub, d] each
         self.shape = shape = HeadShape.from_json(meta["shape"])
-        self.net = HeadNet(shape)
-        self.net.load_arrays(arrays)
-        self.net.to(dev, self.dtype).eval()
+        trained = HeadNet(shape)
+        trained.load_arrays(arrays)
+        self.net = StepNet(trained).to(dev, self.dtype).eval()
         # Embedding rows: the draft vocabulary's, then _EXTRA slots filled on demand with other
         # tokens' (a root or a cheaper stage's node may be any token), dequantised from the file.
         # Loading the whole [V, d] table would take seconds and half a gigabyte (docs/decisions/0011).
@@ -128,12 +135,16 @@ class DraftHead:
         rows = WINDOW + TREE
         self.k = torch.zeros(1, rows, shape.kv_heads, shape.head_dim, device=dev, dtype=self.dtype)
         self.v = torch.zeros_like(self.k)
-        # On a GPU a step is ~40 small kernels: replayed as one CUDA graph per row bucket
+        # On a GPU a step is ~40 small kernels: fused by inductor into fewer (compiled once a
+        # shape, kept on disk), and replayed as one CUDA graph per row bucket. `compiled` False:
+        # the eager kernels in the graphs (where compiling failed, or a probe's comparison).
         self._graphs: dict[int, tuple] = {}
         self._pad = self._padded(_BUCKETS[-1])     # padding rows' inputs
-        self.graphs = dev.type == "cuda"
+        self.graphs = self.compiled = dev.type == "cuda"
+        self.compile_error: str | None = None
+        self._compiled_run = None
         self._qout: torch.nn.Module | None = None         # int8 weights: the output rows
-        self._float_net: HeadNet | None = None            # with int8 on, the float net until let go
+        self._float_net: StepNet | None = None            # with int8 on, the float net until let go
         if int8 and dev.type == "cpu":
             self._set_int8(True)
             self._drop_float()
@@ -202,17 +213,18 @@ class DraftHead:
             self.net.to(dtype=self.dtype)
             self.emb, self.out, self.k, self.v = (t.to(self.dtype) for t in tensors)
 
-    @torch.inference_mode()
     def _run(self, f, idx, mask) -> tuple[torch.Tensor, ...]:
         """idx [3, n]: embedding rows, positions and cache rows of the pairs. The next-token
         logits, and for greedy drafting their top _TOPK as full-softmax probabilities and draft
-        indices (computed here, so a GPU step replays them in its graph)."""
+        indices (computed here, so a GPU step replays them in its graph). Called under
+        inference_mode, or no_grad when compiled (inductor cannot trace inference tensors)."""
         net = self.net
         u = net.inputs(f, self.emb[idx[0]])                                    # [n, d]
         q, k, v = net.qkv(u[None], idx[1][None])                               # [1, n, ., hd]
         self.k[0].index_copy_(0, idx[2], k[0])
         self.v[0].index_copy_(0, idx[2], v[0])
-        state = net.finish(u, attend(q, self.k, self.v, mask[None])[0])
+        few = self.device.type == "cpu" and len(f) <= _FEW
+        state = net.finish(u, (attend_few if few else attend)(q, self.k, self.v, mask[None])[0])
         logits = (self._qout(state) if self._qout is not None else state @ self.out.T).float()   # [n, V_sub]
         top = logits.topk(min(_TOPK, logits.shape[1]), dim=-1)
         probs = (top.values - logits.logsumexp(-1, keepdim=True)).exp()
@@ -310,6 +322,29 @@ class DraftHead:
         return idx, mask
 
     def _capture(self, rows: int) -> tuple:
+        """A step of `rows` rows captured in a CUDA graph: compiled where it compiles, else eager."""
+        if self.compiled:
+            try:
+                with torch.inference_mode(False), torch.no_grad():
+                    return self._capture_with(rows, self._compiled())
+            except (torch._dynamo.exc.TorchDynamoException, RuntimeError) as err:   # no triton, no compiler
+                self.compiled, self.compile_error = False, f"{type(err).__name__}: {err}".splitlines()[0]
+                torch.cuda.synchronize()
+        with torch.inference_mode():
+            return self._capture_with(rows, self._run)
+
+    def _compiled(self):
+        """`_run` compiled by inductor, one shape per bucket, its kernels cached on disk under
+        localspec's data folder (unless TORCHINDUCTOR_CACHE_DIR names another): compiling a
+        shape takes seconds to a minute the first time, and a fraction of that after."""
+        if self._compiled_run is None:
+            from localspec.models.paths import data_dir
+
+            os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(data_dir() / "compiled"))
+            self._compiled_run = torch.compile(self._run, mode=COMPILE_MODE, dynamic=False)
+        return self._compiled_run
+
+    def _capture_with(self, rows: int, run) -> tuple:
         dev = self.device
         idx, mask = self._padded(rows)
         host = (torch.from_numpy(idx).pin_memory(), torch.from_numpy(mask).pin_memory())
@@ -319,13 +354,28 @@ class DraftHead:
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):
-                self._run(*ins)           # warm-up outside the graph (allocations, kernels)
+                run(*ins)                 # warm-up outside the graph (compiling, allocations, kernels)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            outs = self._run(*ins)
+            outs = run(*ins)
         self._graphs[rows] = (graph, ins, host, outs)
         return self._graphs[rows]
+
+    def prepare(self, progress: Progress | None = None) -> None:
+        """On a GPU, every bucket's graph captured now (compiled the first time: seconds to a
+        minute a shape, each announced to `progress`), not in the middle of a reply."""
+        if not self.graphs:
+            return
+        from ..calibrate import Step
+
+        todo = [rows for rows in _BUCKETS if rows not in self._graphs]
+        for i, rows in enumerate(todo):
+            if progress is not None:
+                what = "compiling" if self.compiled else "capturing"
+                progress(Step(f"draft head {what} its step for {rows} rows", i + 1, len(todo)))
+            with torch.inference_mode():
+                self._graphs.get(rows) or self._capture(rows)
 
     def measure(self, sizes: Sequence[int] = (1, 2, 4, 8), reps: int = 5) -> dict[int, float]:
         """Seconds per tree step of n rows against a full window (the adaptive budget's draft

@@ -19,6 +19,8 @@ from localspec.engine.llama_model import LlamaModel
 from localspec.engine.session import Session
 from localspec.engine.options import Options
 
+import torch  # noqa: E402
+
 ONLY_TEXT = ("--no-history", "--no-stdlib", "--no-site-packages")   # `head train` on --text alone
 
 
@@ -500,3 +502,44 @@ def test_int8_weights_move_a_steps_logits_a_little_and_its_guesses_hardly(tiny, 
     agree = float((f32.argmax(1) == i8.argmax(1)).float().mean())
     moved = float((i8 - f32).abs().max() / f32.std())
     assert agree >= 0.95 and moved <= 0.15, (agree, moved)
+
+
+def _steps(head: DraftHead, rows: int, seed: int):
+    """One step of `rows` distinct random rows against the window: (states, logits) on the host."""
+    from localspec.engine.drafters.head import TREE, WINDOW
+
+    g = torch.Generator().manual_seed(seed)
+    f = torch.randn(rows, head.out.shape[1], generator=g).to(head.device, head.dtype)
+    mask = np.zeros((rows, WINDOW + TREE), bool)
+    mask[:, :WINDOW] = True
+    mask[np.arange(rows), WINDOW + np.arange(rows)] = True
+    state, logits, _, _ = head.step(f, [(7 + 5 * i) % head.vocab_size for i in range(rows)],
+                                    np.arange(rows) + WINDOW, WINDOW + np.arange(rows), mask)
+    return state.float().cpu(), logits.cpu()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a GPU's compiled step")
+def test_gpu_step_compiled_computes_the_eager_step(tiny, tiny_head):
+    """On a GPU every bucket's step is compiled and captured at load (`prepare`); it computes
+    what the eager kernels do, to bfloat16's rounding, in every bucket."""
+    heads = [DraftHead(tiny_head, tiny.target_gguf, n_embd=128, vocab_size=tiny.vocab_size) for _ in range(2)]
+    eager, compiled = heads
+    eager.compiled = False
+    for head in heads:
+        head.prepare()
+    assert compiled.compiled and compiled.compile_error is None
+    for rows in (1, 3, 8, 20):
+        (s_e, l_e), (s_c, l_c) = (_steps(h, rows, rows) for h in heads)
+        torch.testing.assert_close(s_c, s_e, atol=0.05, rtol=0.05)
+        torch.testing.assert_close(l_c, l_e, atol=0.1 * float(l_e.abs().max()), rtol=0.05)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a GPU's compiled step")
+def test_gpu_step_falls_back_to_eager_kernels_where_compiling_fails(tiny, tiny_head, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("no compiler here\nsecond line")
+    monkeypatch.setattr(torch, "compile", broken)
+    head = DraftHead(tiny_head, tiny.target_gguf, n_embd=128, vocab_size=tiny.vocab_size)
+    head.prepare()
+    assert not head.compiled and head.compile_error == "RuntimeError: no compiler here"
+    assert head.graphs and len(_steps(head, 2, 0)[1]) == 2
