@@ -252,8 +252,10 @@ def run_bench(target: Path, draft: Path | None, prompts: Sequence[Prompt], names
                                                                 if k != "format"}}
             report["head"]["numerics"] = "int8 weights" if head_model.int8 else str(head_model.dtype)[6:]
             report["head"]["growth_floor"] = loaded.parts.head_limits.floor
-            if head_model.graphs or head_model.compile_error:   # a GPU's step: compiled or why not
-                report["head"]["compiled"] = head_model.compile_error or head_model.compiled
+            if head_model.device.type == "cuda":   # a GPU's step: compiled, or why not
+                report["head"]["compiled"] = head_model.compiled
+                if head_model.compile_error:
+                    report["head"]["compile_error"] = head_model.compile_error
             if head_costs is not None:
                 report["head"]["step_ms"] = {n: round(1e3 * s, 3) for n, s in head_costs.draft.items()}
         if costs is not None:

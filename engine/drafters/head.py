@@ -283,14 +283,9 @@ class DraftHead:
         if not self.graphs or n > _BUCKETS[-1]:
             idx = torch.from_numpy(np.stack([ids, np.asarray(pos, np.int64), np.asarray(slots, np.int64)]))
             return self._run(f, idx.to(self.device), torch.from_numpy(mask).to(self.device))
-        rows = next(b for b in _BUCKETS if b >= n)
-        g = self._graphs.get(rows)
+        g = self._graph(next(b for b in _BUCKETS if b >= n))
         if g is None:
-            try:
-                g = self._capture(rows)
-            except RuntimeError:   # a card or build that cannot capture: eager steps (slower)
-                self.graphs = False
-                return self.step(f, tokens, pos, slots, mask)
+            return self.step(f, tokens, pos, slots, mask)
         graph, _, _, outs = g
         self._graph_inputs(g, f, ids, pos, slots, mask)
         graph.replay()
@@ -320,6 +315,17 @@ class DraftHead:
         idx = np.zeros((3, rows), np.int64)
         idx[2] = total - 1
         return idx, mask
+
+    def _graph(self, rows: int) -> tuple | None:
+        """The captured step of `rows` rows, captured now if it is new; None on a card or build
+        that cannot capture (`graphs` turns False: eager steps from then on, slower)."""
+        g = self._graphs.get(rows)
+        if g is None:
+            try:
+                g = self._capture(rows)
+            except RuntimeError:
+                self.graphs = False
+        return g
 
     def _capture(self, rows: int) -> tuple:
         """A step of `rows` rows captured in a CUDA graph: compiled where it compiles, else eager."""
@@ -375,7 +381,8 @@ class DraftHead:
                 what = "compiling" if self.compiled else "capturing"
                 progress(Step(f"draft head {what} its step for {rows} rows", i + 1, len(todo)))
             with torch.inference_mode():
-                self._graphs.get(rows) or self._capture(rows)
+                if self._graph(rows) is None:
+                    return
 
     def measure(self, sizes: Sequence[int] = (1, 2, 4, 8), reps: int = 5) -> dict[int, float]:
         """Seconds per tree step of n rows against a full window (the adaptive budget's draft

@@ -81,8 +81,9 @@ class StepNet(torch.nn.Module):
 
 def attend_few(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """head_net.attend for a step's few rows on a CPU, as two batched products per KV group:
-    q [1, n, H, hd] against k, v [1, S, KVH, hd] where mask [1, n, S]; [1, n, H*hd]. For one
-    query row torch's CPU attention kernel (built for long queries) takes about twice as long."""
+    q [1, n, H, hd] against k, v [1, S, KVH, hd] where mask [1, n, S]; [1, n, H*hd]. For one to
+    four query rows torch's CPU attention kernel, built for long queries, takes longer
+    (docs/decisions/0042)."""
     _, n, heads, hd = q.shape
     groups, S = k.shape[2], k.shape[1]
     per = heads // groups
