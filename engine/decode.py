@@ -1,12 +1,13 @@
 """The decode loop: one round per target call, read top to bottom.
 
 plan -> propose -> select -> verify -> walk -> commit -> emit -> observe. The policy (policy.py)
-plans the round's tree; the stages grow it, cheapest first; the policy selects the part worth
-verifying on this machine (prune.py); the target verifies it in a single decode, padded as the
-batch-shape mode wants (shapes.py); the accepted path is walked (greedy or rejection sampling,
-verify.py), committed in the target's cache and emitted; every drafter is told what was committed
-and the policy what the round accepted and cost. Plain decoding is the same loop with no stages:
-a tree of just the root, one token per call, so both modes share every line of the exact path.
+plans the round's tree; the stages grow it in the plan's order (policy.draft_order); the policy
+selects the part worth verifying on this machine (prune.py); the target verifies it in a single
+decode, padded as the batch-shape mode wants (shapes.py); the accepted path is walked (greedy or
+rejection sampling, verify.py), committed in the target's cache and emitted; every drafter is
+told what was committed and the policy what the round accepted and cost. Plain decoding is the
+same loop with no stages: a tree of just the root, one token per call, so both modes share every
+line of the exact path.
 """
 from __future__ import annotations
 

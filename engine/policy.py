@@ -110,14 +110,29 @@ def free_stages(stages: Sequence[Drafter], costs: Costs | None) -> tuple[bool, .
     return tuple(not d.uses_model or cheap for d in stages)
 
 
-def route(arm: Arm, free: Sequence[bool]) -> tuple[tuple[int, ...], tuple[int, ...], bool]:
-    """(the stages `arm` runs, in order; which of them are free; whether the free ones get half
-    the room) over stages whose freedom is `free`. A plain arm runs none. With a model drafter
-    after them the free stages fill at most half the tree: the model checks their chains along
-    (vertical cascade) and spends the rest on its own guesses."""
+def draft_order(stages: Sequence[Drafter], free: Sequence[bool]) -> tuple[int, ...]:
+    """The order a round's stages draft in: the free ones that copy (Max-Gram), the free ones
+    with a model (a head on a CPU), the other free ones (the n-grams), then the model stages;
+    each group in the stages' own order (cheapest first). A token two stages would both draft is
+    added, and credited to its worth, by the first: a head after the n-grams saw them take the
+    first tokens it would have drafted, and its worth gate, fed the rest, turned it off for
+    stretches (docs/decisions/0042). Max-Gram stays first: where the text repeats its copies are
+    likelier than any guess, and a model extends them."""
+    def group(i: int) -> int:
+        if not free[i]:
+            return 3
+        return 0 if stages[i].copies else 1 if stages[i].uses_model else 2
+    return tuple(sorted(range(len(stages)), key=lambda i: (group(i), i)))
+
+
+def route(arm: Arm, free: Sequence[bool], order: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...], bool]:
+    """(the stages `arm` runs, in `order` (draft_order); which of them are free; whether the free
+    ones get half the room) over stages whose freedom is `free`. A plain arm runs none. With a
+    model drafter after them the free stages fill at most half the tree: the model checks their
+    chains along (vertical cascade) and spends the rest on its own guesses."""
     if arm.nodes == 0:
         return (), (), False
-    chosen = tuple(i for i, f in enumerate(free) if arm.models or f)
+    chosen = tuple(i for i in order if arm.models or free[i])
     return chosen, tuple(i for i in chosen if free[i]), arm.models and not all(free[i] for i in chosen)
 
 
@@ -136,7 +151,8 @@ class FixedPolicy:
 
     def __init__(self, arm: Arm, stages: Sequence[Drafter]) -> None:
         self.arms = (arm,)
-        self._route = route(arm, free_stages(stages, None))
+        free = free_stages(stages, None)
+        self._route = route(arm, free, draft_order(stages, free))
 
     def begin(self) -> None:
         """Nothing carries between generations."""
@@ -181,7 +197,8 @@ class AdaptivePolicy:
         self.costs = costs
         self.bandit = AdaptiveBudget(arms) if len(arms) > 1 else None
         free = tuple(free) if free is not None else free_stages(stages, None)
-        self._routes = [route(a, free) for a in arms]
+        order = draft_order(stages, free)
+        self._routes = [route(a, free, order) for a in arms]
         self._acceptance = prune.AcceptanceModel(len(stages)) if costs is not None else None
         self._worth = StageWorth(len(stages), costs.target_cost(1)) if costs is not None else None
         self._kept = DraftTree(capacity=max(2, max(a.nodes for a in arms) + 1))

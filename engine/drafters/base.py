@@ -27,10 +27,13 @@ tells a drafter that runs a neural model (whose rounds cost real time) from a fr
 n-grams), so the adaptive budget may run the free ones alone (a model whose measured step is a
 small share of the target's counts as free too: ``policy.free_stages``); ``vocab_size``, checked against the
 target's (None: the drafter proposes the target's own tokens); ``limits``, how it grows its part of
-the tree (a neural drafter's DraftLimits, whose width and depth the cost model reads).
+the tree (a neural drafter's DraftLimits, whose width and depth the cost model reads); ``copies``,
+true for a drafter whose nodes copy the text where it repeats (Max-Gram): a model stage that runs
+free drafts after the stages that copy and before the other free ones (``policy.draft_order``).
 
-Stages are an ordered list of drafters, built by name through registry.py; each gets the tree
-after the previous one has grown it.
+Stages are an ordered list of drafters, cheapest first, built by name through registry.py; a
+round's plan runs them in `policy.draft_order` (that order, but a free model stage before the
+free stages that do not copy), each getting the tree after the previous one has grown it.
 """
 from __future__ import annotations
 
@@ -48,6 +51,7 @@ if TYPE_CHECKING:
 class Drafter(Protocol):
     name: str
     uses_model: bool
+    copies: bool
     vocab_size: int | None
     limits: object        # DraftLimits for a neural drafter; its own limits type for the free ones
 

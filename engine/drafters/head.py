@@ -425,6 +425,7 @@ class HeadDrafter:
 
     name = "head"
     uses_model = True
+    copies = False
 
     def __init__(self, head: DraftHead, source, limits: DraftLimits = DraftLimits()) -> None:
         self.head, self.source, self.limits = head, source, limits

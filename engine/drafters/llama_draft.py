@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 class LlamaDraft:
     name = "gguf-draft"
     uses_model = True
+    copies = False
 
     def __init__(self, model: LlamaModel, limits: DraftLimits = DraftLimits(),
                  stable_shapes: bool = False) -> None:

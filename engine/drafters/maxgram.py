@@ -46,6 +46,7 @@ class MaxGramLimits:
 class MaxGram:
     name = "maxgram"
     uses_model = False
+    copies = True
     vocab_size = None     # it copies the context's own tokens
 
     def __init__(self, limits: MaxGramLimits = MaxGramLimits()) -> None:

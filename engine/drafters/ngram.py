@@ -122,6 +122,7 @@ class _Counts:
 class PersonalNgram:
     name = "personal-ngram"
     uses_model = False
+    copies = False
     vocab_size = None         # the store is keyed by the target's vocabulary (vocab_key)
 
     def __init__(self, store: CountSource | None = None,

@@ -119,6 +119,7 @@ class TorchDraft:
 
     name = "torch-draft"
     uses_model = True
+    copies = False
 
     def __init__(self, lm: TorchLM, limits: DraftLimits = DraftLimits(),
                  source: Path | None = None) -> None:

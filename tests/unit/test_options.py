@@ -176,7 +176,7 @@ def test_every_drafter_implements_the_whole_protocol():
     for cls in (MaxGram, PersonalNgram, LlamaDraft, TorchDraft, HeadDrafter):
         missing = [m for m in methods if not callable(getattr(cls, m, None))]
         assert not missing, (cls.__name__, missing)
-        assert isinstance(cls.name, str) and isinstance(cls.uses_model, bool)
+        assert isinstance(cls.name, str) and isinstance(cls.uses_model, bool) and isinstance(cls.copies, bool)
     costs = object()   # free drafters hand the costs back as they are
     for free in (MaxGram(), PersonalNgram()):
         assert free.vocab_size is None and free.limits is not None and not free.uses_model

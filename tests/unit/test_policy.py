@@ -12,7 +12,7 @@ from localspec.engine.budget import Arm
 from localspec.engine.costs import Costs
 from localspec.engine.config import DraftLimits, TreeBudget
 from localspec.engine.policy import (GROW_FACTOR, GROW_MARGIN, HOLD, KEPT_DECAY, AdaptivePolicy,
-                                     FixedPolicy, Plan, make_policy)
+                                     FixedPolicy, Plan, draft_order, make_policy)
 from localspec.engine.prune import AcceptanceModel
 from localspec.engine.shapes import Shapes
 from localspec.engine.tree import DraftTree
@@ -26,9 +26,10 @@ class Stage:
     name: str
     uses_model: bool
     limits: DraftLimits = DraftLimits()
+    copies: bool = False
 
 
-FREE, OTHER_FREE, MODEL = Stage("maxgram", False), Stage("ngram", False), Stage("draft", True)
+FREE, OTHER_FREE, MODEL = Stage("maxgram", False, copies=True), Stage("ngram", False), Stage("draft", True)
 # a draft model's step: a fifth of the target's (a head's of a tenth or less is a free stage)
 CPU = Costs({1: 1.0, 2: 1.5, 9: 5.0, 17: 9.0, 33: 17.0}, {1: 0.2, 4: 0.3})   # each token: half a step
 GPU = Costs({1: 1.0, 2: 1.01, 9: 1.1, 17: 1.2, 33: 1.4}, {1: 0.2, 4: 0.3}, switch=3.0)
@@ -255,12 +256,27 @@ def test_a_model_whose_step_is_cheap_here_runs_with_the_free_stages():
                          offloaded=False)
     assert policy.arms == (Arm(32, models=False),) and policy.bandit is None
     plan = policy.plan(room=64)
-    assert plan.stages == (0, 1, 2) and plan.free == (0, 1, 2) and plan.free_room == plan.room
+    # it drafts after Max-Gram's copies and before the n-grams' guesses (draft_order)
+    assert plan.stages == (0, 2, 1) and plan.free == (0, 2, 1) and plan.free_room == plan.room
     assert len(plan.grow) == 3, "its growth is bounded by what pruning keeps, as theirs is"
     dear = make_policy(TreeBudget(max_nodes=32, adaptive=True), [FREE, OTHER_FREE, head], CPU,
                        offloaded=False)
     assert any(a.models for a in dear.arms) and Arm(32, models=False) in dear.arms
     assert all(2 not in dear.plan(room=64).free for _ in range(4))
+
+
+def test_stages_draft_copies_first_then_free_models_then_other_free_ones_then_models():
+    """A token two stages would both draft is credited to the first: a free head drafts before
+    the n-grams, after Max-Gram; a dearer model stage drafts last, as every stage did before."""
+    head = Stage("head", True)
+    stages = [FREE, OTHER_FREE, head]
+    assert draft_order(stages, (True, True, True)) == (0, 2, 1)
+    assert draft_order(stages, (True, True, False)) == (0, 1, 2)
+    assert draft_order([OTHER_FREE, FREE, MODEL, head], (True, True, False, True)) == (1, 3, 0, 2)
+    dear = make_policy(TreeBudget(max_nodes=32, adaptive=True), stages, CPU, offloaded=False)
+    for _ in range(8):
+        plan = dear.plan(room=64)
+        assert plan.stages in ((0, 1), (0, 1, 2)), plan.stages
 
 
 def test_a_free_model_stage_sits_out_where_its_time_costs_more_than_it_brings():
