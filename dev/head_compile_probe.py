@@ -4,8 +4,9 @@ graphs against inductor's, for each compile mode named, with the seconds each mo
 compile all of a run's row buckets (`DraftHead.prepare`) and the top guesses compared.
 
 Each mode runs in its own head, loaded afresh; inductor's cache is this run's own empty folder
-unless TORCHINDUCTOR_CACHE_DIR names one (--warm-cache: run every mode twice, the second from
-the first's cache, which is what a user's second load costs).
+unless TORCHINDUCTOR_CACHE_DIR names one (--warm-cache: run every mode twice. In one process the
+second head reuses the code dynamo compiled for the first, so its prepare time is not what a
+new process pays to load from inductor's disk cache: run the probe twice on one cache for that).
 
     python dev/head_compile_probe.py --model target.gguf --head head.npz
         [--modes default,max-autotune-no-cudagraphs] [--reps 5] [--warm-cache]
@@ -23,7 +24,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from localspec.engine.drafters import head as head_mod  # noqa: E402
-from localspec.engine.drafters.head import TREE, WINDOW, DraftHead  # noqa: E402
+from localspec.engine.drafters.head import DraftHead, window_rows  # noqa: E402
 
 SIZES = (1, 2, 4, 8, 16)
 
@@ -32,11 +33,7 @@ def guesses(head: DraftHead, n: int) -> np.ndarray:
     """The top guesses of one step of n distinct rows against a full window."""
     g = torch.Generator().manual_seed(n)
     f = torch.randn(n, head.out.shape[1], generator=g).to(head.device, head.dtype)
-    mask = np.zeros((n, WINDOW + TREE), bool)
-    mask[:, :WINDOW] = True
-    mask[np.arange(n), WINDOW + np.arange(n)] = True
-    _, _, _, top = head.step(f, [(1000 + 7 * i) % head.vocab_size for i in range(n)],
-                             np.arange(n) + WINDOW, WINDOW + np.arange(n), mask)
+    _, _, _, top = head.step(f, [(1000 + 7 * i) % head.vocab_size for i in range(n)], *window_rows(n))
     return top.cpu().numpy()
 
 

@@ -21,7 +21,7 @@ from localspec.engine.llama_model import LlamaModel  # llama.cpp before torch: t
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from localspec.engine.drafters.head import _BUCKETS, TREE, WINDOW, DraftHead  # noqa: E402
+from localspec.engine.drafters.head import _BUCKETS, DraftHead, window_rows  # noqa: E402
 
 
 def fastest(fn, reps: int, sync) -> float:
@@ -66,10 +66,7 @@ def main() -> None:
     for n in (int(x) for x in args.rows.split(",")):
         f = torch.ones(n, n_embd, device=head.device, dtype=head.dtype)
         tokens = [(1000 + 7 * i) % vocab for i in range(n)]
-        pos, slots = np.arange(n) + WINDOW, WINDOW + np.arange(n)
-        mask = np.zeros((n, WINDOW + TREE), bool)
-        mask[:, :WINDOW] = True
-        mask[np.arange(n), WINDOW + np.arange(n)] = True
+        pos, slots, mask = window_rows(n)
 
         def step():
             _, _, probs, top = head.step(f, tokens, pos, slots, mask)

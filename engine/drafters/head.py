@@ -63,6 +63,15 @@ WINDOW, TREE = 1024, 128
 _EMB, _OUT, _NORM = "token_embd.weight", "output.weight", "output_norm.weight"
 
 
+def window_rows(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A step of `n` tree rows after a full window, as `DraftHead.measure` times one: their
+    positions [n], cache rows [n] and mask [n, cache rows] (each row sees the window and itself)."""
+    mask = np.zeros((n, WINDOW + TREE), bool)
+    mask[:, :WINDOW] = True
+    mask[np.arange(n), WINDOW + np.arange(n)] = True
+    return np.arange(n) + WINDOW, WINDOW + np.arange(n), mask
+
+
 def target_info(path: str | Path) -> GGUFInfo:
     """The target's GGUF, as a head reads its tables: one file (a split model's tables may sit in
     later parts)."""
@@ -394,11 +403,8 @@ class DraftHead:
                 f = torch.ones(n, self.out.shape[1], device=self.device, dtype=self.dtype)
                 sync()
                 t = time.perf_counter()
-                mask = np.zeros((n, WINDOW + TREE), bool)
-                mask[:, :WINDOW] = True
-                mask[np.arange(n), WINDOW + np.arange(n)] = True
                 _, _, probs, top = self.step(f, [(1000 + 7 * i) % self.vocab_size for i in range(n)],
-                                      np.arange(n) + WINDOW, WINDOW + np.arange(n), mask)
+                                             *window_rows(n))
                 torch.cat([probs, top.float()], 1).cpu()   # what greedy drafting reads back
                 sync()
                 if rep:

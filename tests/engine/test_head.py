@@ -506,15 +506,12 @@ def test_int8_weights_move_a_steps_logits_a_little_and_its_guesses_hardly(tiny, 
 
 def _steps(head: DraftHead, rows: int, seed: int):
     """One step of `rows` distinct random rows against the window: (states, logits) on the host."""
-    from localspec.engine.drafters.head import TREE, WINDOW
+    from localspec.engine.drafters.head import window_rows
 
     g = torch.Generator().manual_seed(seed)
     f = torch.randn(rows, head.out.shape[1], generator=g).to(head.device, head.dtype)
-    mask = np.zeros((rows, WINDOW + TREE), bool)
-    mask[:, :WINDOW] = True
-    mask[np.arange(rows), WINDOW + np.arange(rows)] = True
     state, logits, _, _ = head.step(f, [(7 + 5 * i) % head.vocab_size for i in range(rows)],
-                                    np.arange(rows) + WINDOW, WINDOW + np.arange(rows), mask)
+                                    *window_rows(rows))
     return state.float().cpu(), logits.cpu()
 
 
