@@ -38,7 +38,7 @@ class StepNet(torch.nn.Module):
         self.norm = torch.nn.Parameter(net.norm.detach().clone(), requires_grad=False)
         half = torch.arange(0, s.head_dim, 2, dtype=torch.float32) / s.head_dim
         self.register_buffer("inv_freq", s.rope_base ** -half)   # [hd/2], float32 in any dtype
-        self._split = (qd, kvd, kvd)
+        self._qk_dim = qd + kvd   # q's and k's columns of wqkv's output; v's follow
 
     def _apply(self, fn, recurse=True):
         """Moves and casts as any module's, but the inverse frequencies stay float32 (angles of
@@ -62,10 +62,9 @@ class StepNet(torch.nn.Module):
         """HeadNet.qkv: u [..., n, d], pos [..., n] -> q [..., n, H, hd], k and v [..., n, KVH, hd];
         q and k rotated together, as one tensor of H + KVH heads."""
         s = self.shape
-        qk_dim = self._split[0] + self._split[1]
         x = self.wqkv(rms(u) * self.attn_norm)
-        qk = x[..., :qk_dim].unflatten(-1, (s.heads + s.kv_heads, s.head_dim))
-        v = x[..., qk_dim:].unflatten(-1, (s.kv_heads, s.head_dim))
+        qk = x[..., :self._qk_dim].unflatten(-1, (s.heads + s.kv_heads, s.head_dim))
+        v = x[..., self._qk_dim:].unflatten(-1, (s.kv_heads, s.head_dim))
         ang = pos.to(torch.float32)[..., None] * self.inv_freq             # [..., n, hd/2]
         cos, sin = ang.cos()[..., None, :].to(qk.dtype), ang.sin()[..., None, :].to(qk.dtype)
         a, b = qk[..., :s.head_dim // 2], qk[..., s.head_dim // 2:]
