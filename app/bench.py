@@ -240,6 +240,8 @@ def run_bench(target: Path, draft: Path | None, prompts: Sequence[Prompt], names
                 f"{n} {r.tok_s:.1f}" for n, r in results.items()) + " tok/s")
         report = _report(results, target, draft, len(prompts), max_tokens, sampling,
                          time.time() - started, loaded.model)
+        report["completions"] = [{"prompt": p.name, **{n: r.texts[i] for n, r in results.items()}}
+                                 for i, p in enumerate(prompts)]
         lm = loaded.parts.torch_lm
         if draft is not None:
             report["draft_runtime"] = ("llama.cpp" if lm is None else
@@ -387,13 +389,21 @@ def format_table(report: dict) -> str:
 
 
 def write_outputs(report: dict, out: Path) -> list[Path]:
-    """bench.json, and bench.png drawn by a child process (see localspec.app.plot)."""
+    """bench.json (the figures), completions.json (every configuration's text, prompt by prompt:
+    what was measured, to be read), and bench.png drawn by a child process (see
+    localspec.app.plot)."""
     out.mkdir(parents=True, exist_ok=True)
-    data, png = out / "bench.json", out / "bench.png"
+    data, texts, png = out / "bench.json", out / "completions.json", out / "bench.png"
+    report = dict(report)
+    completions = report.pop("completions", None)
     data.write_text(json.dumps(report, indent=2))
+    written = [data]
+    if completions is not None:
+        texts.write_text(json.dumps(completions, indent=1, ensure_ascii=False))
+        written.append(texts)
     proc = subprocess.run([sys.executable, "-m", "localspec.app.plot", str(data), str(png)],
                           capture_output=True, text=True)
     if proc.returncode != 0:
         print(f"no plot: {proc.stderr.strip() or f'exit status {proc.returncode}'}", file=sys.stderr)
-        return [data]
-    return [data, png]
+        return written
+    return written + [png]

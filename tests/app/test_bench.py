@@ -150,6 +150,11 @@ def test_bench_command_writes_table_json_and_learns_a_scratch_store(tiny, tmp_pa
     assert all(r["pass_at_1"].endswith("/2") for r in report["rows"])
     assert report["ngram_source"].startswith("30 files")
     assert report["machine"]["threads"] == 1     # --threads reached the models
+    texts = json.loads((out / "completions.json").read_text())   # the text each configuration wrote
+    assert [t["prompt"] for t in texts] == ["HumanEval/0", "HumanEval/1"]
+    assert all(set(t) == {"prompt", "plain", "ngram", "staged", "adaptive-4"} for t in texts)
+    assert all(isinstance(t[c], str) for t in texts for c in t)
+    assert "completions" not in report
 
 
 @pytest.mark.parametrize("flag", ["--limit", "--learn-max-tokens"])
