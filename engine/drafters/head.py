@@ -287,33 +287,59 @@ class DraftHead:
         marks (its own included). (states after the tokens [n, d], logits [n, V_sub] f32, top
         probabilities and indices [n, _TOPK]); on a GPU views of a graph's buffers, valid until
         the next step of that size."""
+        return self._step(f, False, tokens, pos, slots, mask)
+
+    @torch.inference_mode()
+    def step_features(self, feats: np.ndarray, tokens: Sequence[int], pos: np.ndarray, slots: np.ndarray,
+                      mask: np.ndarray) -> tuple[torch.Tensor, ...]:
+        """`step` on the target's own features, [n, n_feature] float32 on the host (its final
+        states, then the tapped layers'), fused as `fuse` fuses them: on a GPU the fusion runs in
+        the step's graph and the features go over in one asynchronous copy from pinned memory."""
+        return self._step(feats, True, tokens, pos, slots, mask)
+
+    def _step(self, f, raw: bool, tokens: Sequence[int], pos: np.ndarray, slots: np.ndarray,
+              mask: np.ndarray) -> tuple[torch.Tensor, ...]:
         n = len(tokens)
         ids = self._slots(tokens)
         if not self.graphs or n > _BUCKETS[-1]:
+            if raw:
+                f = self.fuse(torch.from_numpy(f).to(self.device, self.dtype))
             idx = torch.from_numpy(np.stack([ids, np.asarray(pos, np.int64), np.asarray(slots, np.int64)]))
             return self._run(f, idx.to(self.device), torch.from_numpy(mask).to(self.device))
         g = self._graph(next(b for b in _BUCKETS if b >= n))
         if g is None:
-            return self.step(f, tokens, pos, slots, mask)
+            return self._step(f, raw, tokens, pos, slots, mask)
         graph, _, _, outs = g
-        self._graph_inputs(g, f, ids, pos, slots, mask)
+        self._graph_inputs(g, f, raw, ids, pos, slots, mask)
         graph.replay()
         return tuple(o[:n] for o in outs)
 
-    def _graph_inputs(self, g: tuple, f: torch.Tensor, ids: np.ndarray, pos: np.ndarray,
+    def _graph_inputs(self, g: tuple, f, raw: bool, ids: np.ndarray, pos: np.ndarray,
                       slots: np.ndarray, mask: np.ndarray) -> None:
-        """A captured step's inputs for n pairs (`step`'s, `ids` their embedding rows): every
+        """A captured step's inputs for n pairs (`_step`'s, `ids` their embedding rows): every
         row's, the padding rows' too (stale cache rows from a bigger step would be written
-        there), into pinned host buffers, then two asynchronous copies."""
-        _, (f_in, idx_in, mask_in), (idx_host, mask_host), _ = g
-        n, rows = len(ids), len(f_in)
+        there), into pinned host buffers, then asynchronous copies. A graph reads features
+        (`_run_features`): a tree node's are its parent's state and zeros for the taps, which
+        the fusion passes through unchanged."""
+        _, (f_in, idx_in, mask_in), (idx_host, mask_host, f_host), _ = g
+        n, rows, d = len(ids), len(f_in), self.shape.d
         idx_np, mask_np = idx_host.numpy(), mask_host.numpy()
         idx_np[0, :n], idx_np[1, :n], idx_np[2, :n] = ids, pos, slots
         idx_np[:, n:] = self._pad[0][:, n:rows]
         mask_np[:n], mask_np[n:] = mask, self._pad[1][n:rows]
-        f_in[:n].copy_(f)
+        if raw:
+            f_host.numpy()[:n] = f
+            f_in[:n].copy_(f_host[:n], non_blocking=True)
+        else:
+            f_in[:n, :d].copy_(f)
+            if f_in.shape[1] > d:
+                f_in[:n, d:].zero_()
         idx_in.copy_(idx_host, non_blocking=True)
         mask_in.copy_(mask_host, non_blocking=True)
+
+    def _run_features(self, x: torch.Tensor, idx, mask) -> tuple[torch.Tensor, ...]:
+        """`_run` on features x [n, n_feature] float32, fused first (a graph's step)."""
+        return self._run(self.net.fuse(x.to(self.dtype)) if self.shape.taps else x.to(self.dtype), idx, mask)
 
     def _padded(self, rows: int) -> tuple[np.ndarray, np.ndarray]:
         """Inputs of `rows` padding rows (idx [3, rows], mask [rows, cache rows]): each writes its
@@ -346,25 +372,26 @@ class DraftHead:
                 self.compiled, self.compile_error = False, f"{type(err).__name__}: {err}".splitlines()[0]
                 torch.cuda.synchronize()
         with torch.inference_mode():
-            return self._capture_with(rows, self._run)
+            return self._capture_with(rows, self._run_features)
 
     def _compiled(self):
-        """`_run` compiled by inductor, one shape per bucket, its kernels cached on disk under
+        """`_run_features` compiled by inductor, one shape per bucket, its kernels cached on disk under
         localspec's data folder (unless TORCHINDUCTOR_CACHE_DIR names another): compiling a
         shape takes seconds to a minute the first time, and a fraction of that after."""
         if self._compiled_run is None:
             from localspec.models.paths import data_dir
 
             os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(data_dir() / "compiled"))
-            self._compiled_run = torch.compile(self._run, mode=COMPILE_MODE, dynamic=False)
+            self._compiled_run = torch.compile(self._run_features, mode=COMPILE_MODE, dynamic=False)
         return self._compiled_run
 
     def _capture_with(self, rows: int, run) -> tuple:
         dev = self.device
         idx, mask = self._padded(rows)
-        host = (torch.from_numpy(idx).pin_memory(), torch.from_numpy(mask).pin_memory())
-        ins = (torch.zeros(rows, self.out.shape[1], device=dev, dtype=self.dtype),
-               host[0].to(dev), host[1].to(dev))
+        width = self.shape.d * (1 + len(self.shape.taps))
+        host = (torch.from_numpy(idx).pin_memory(), torch.from_numpy(mask).pin_memory(),
+                torch.zeros(rows, width).pin_memory())
+        ins = (torch.zeros(rows, width, device=dev), host[0].to(dev), host[1].to(dev))
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -505,29 +532,29 @@ class HeadDrafter:
         self._state[0] = state[-1].clone()   # a graph's buffer on a GPU: the next step reuses it
         return self._dists(*(o[-1:] for o in outs))[0]
 
-    def _take(self, n: int) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
-        """The first `n` queued pairs, out of the queue and into the ring's bookkeeping: their
-        states on the head's device, tokens and positions."""
-        head = self.head
+    def _take(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The first `n` queued pairs, out of the queue and into the ring's bookkeeping: the
+        target's features [n, n_feature] float32, tokens and positions."""
         feats = np.stack(self._feats[:n])
         toks, p = np.asarray(self._toks[:n]), np.asarray(self._pos[:n], np.int64)
         del self._feats[:n], self._toks[:n], self._pos[:n]
         self._slot_pos[p % WINDOW] = p
-        return head.fuse(torch.from_numpy(feats).to(head.device, head.dtype)), toks, p
+        return feats, toks, p
 
     def _store(self, n: int) -> None:
         """The first `n` queued pairs into the ring, keys and values alone (`DraftHead.store`)."""
-        f, toks, p = self._take(n)
-        self.head.store(f, toks, p, p % WINDOW)
+        feats, toks, p = self._take(n)
+        head = self.head
+        head.store(head.fuse(torch.from_numpy(feats).to(head.device, head.dtype)), toks, p, p % WINDOW)
 
     def _insert(self, n: int) -> tuple[int, torch.Tensor, list[torch.Tensor]]:
         """The first `n` queued pairs into the ring (causal by position) in one step; (the last
         one's position, the step's outputs)."""
-        f, toks, p = self._take(n)
+        feats, toks, p = self._take(n)
         mask = np.zeros((n, WINDOW + TREE), bool)
         seen = self._slot_pos[None, :]
         mask[:, :WINDOW] = (seen >= 0) & (seen <= p[:, None]) & (seen > p[:, None] - WINDOW)
-        state, *outs = self.head.step(f, toks, p, p % WINDOW, mask)
+        state, *outs = self.head.step_features(feats, toks, p, p % WINDOW, mask)
         return int(p[-1]), state, outs
 
     def evaluate(self, tree: DraftTree, nodes: Sequence[int]) -> list[Dist]:

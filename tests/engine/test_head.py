@@ -540,3 +540,33 @@ def test_gpu_step_falls_back_to_eager_kernels_where_compiling_fails(tiny, tiny_h
     head.prepare()
     assert not head.compiled and head.compile_error == "RuntimeError: no compiler here"
     assert head.graphs and len(_steps(head, 2, 0)[1]) == 2
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a GPU's graphed step")
+def test_gpu_step_fuses_the_targets_features_in_its_graph(tiny, tiny_head_taps):
+    """A round's first step takes the target's features (final states and taps) as they come,
+    fused inside the step's graph; a tree node's step after it, in the same graph, reads its
+    parent's state with the taps zeroed. Both compute what fusing first and stepping eagerly
+    does."""
+    from localspec.engine.drafters.head import window_rows
+
+    heads = [DraftHead(tiny_head_taps, tiny.target_gguf, n_embd=128, vocab_size=tiny.vocab_size)
+             for _ in range(2)]
+    eager, graphed = heads
+    eager.graphs = False
+    graphed.prepare()
+    g = torch.Generator().manual_seed(3)
+    feats = torch.randn(3, 128 * 3, generator=g).numpy()
+    parents = torch.randn(4, 128, generator=g).to(graphed.device, graphed.dtype)
+    for i, head in enumerate(heads):
+        root = head.step_features(feats, [5, 9, 11], *window_rows(3))
+        fused = head.step(head.fuse(torch.from_numpy(feats).to(head.device, head.dtype)), [5, 9, 11],
+                          *window_rows(3))
+        node = head.step(parents, [7, 8, 9, 10], *window_rows(4))
+        heads[i] = [t.float().cpu() for t in (root[0], root[1], fused[0], node[0], node[1])]
+    (r_e, rl_e, f_e, n_e, nl_e), (r_g, rl_g, f_g, n_g, nl_g) = heads
+    torch.testing.assert_close(r_g, r_e, atol=0.05, rtol=0.05)
+    torch.testing.assert_close(rl_g, rl_e, atol=0.1 * float(rl_e.abs().max()), rtol=0.05)
+    torch.testing.assert_close(r_g, f_g, atol=0.05, rtol=0.05)
+    torch.testing.assert_close(n_g, n_e, atol=0.05, rtol=0.05)
+    torch.testing.assert_close(nl_g, nl_e, atol=0.1 * float(nl_e.abs().max()), rtol=0.05)
