@@ -321,6 +321,24 @@ def _pass_masks(length: int, passes: int, device) -> list:
     return masks
 
 
+def held_out_split(source: np.ndarray, chunk: np.ndarray, gen) -> tuple[np.ndarray, str]:
+    """Which corpus positions the held-out check reads ([N] bool), and what they are ("2 of 40
+    files", "1 of 3 chunks of one file"): whole files (one in 20, at least one, drawn by the
+    torch.Generator `gen`), so the accuracy training reports is on text the head never saw, not
+    on positions interleaved with training ones; from one file, its last chunks (one in 20, at
+    least one). `source` and `chunk` [N]: each position's file and chunk."""
+    import torch
+
+    by_file = np.unique(source).size > 1
+    group = source if by_file else chunk
+    groups = np.unique(group)
+    if by_file:
+        held = groups[torch.randperm(groups.size, generator=gen).numpy()[:max(1, groups.size // 20)]]
+    else:
+        held = groups[-max(1, groups.size // 20):]
+    return np.isin(group, held), f"{held.size} of {groups.size} {'files' if by_file else 'chunks of one file'}"
+
+
 def train(corpus: Corpus, target_gguf: Path, out: Path, *, vocab_size: int = 8192,
           steps: int = 3000, batch: int = 32, length: int = 256, passes: int = 3, lr: float = 1e-3,
           feature_weight: float = 0.1, ff: int | None = None, noise: float = 0.0, taps: Sequence[int] = (),
@@ -386,20 +404,10 @@ def train(corpus: Corpus, target_gguf: Path, out: Path, *, vocab_size: int = 819
     ok = np.zeros(n, bool)
     for a, b in zip(starts_all, ends_all):
         ok[a:b - 2] = True
-    # held out: whole files (every 20th, at least one), so the accuracy it reports is on text the
-    # head never saw, not on positions interleaved with training ones; from one file, its last
-    # chunks (one in 20, at least one)
-    group = corpus.source if np.unique(corpus.source).size > 1 else corpus.chunk
-    groups = np.unique(group)
-    if groups.size > 1 and group is corpus.chunk:
-        held_groups = groups[-max(1, groups.size // 20):]
-    else:
-        held_groups = groups[torch.randperm(groups.size, generator=gen).numpy()[:max(1, groups.size // 20)]]
-    is_held = np.isin(group, held_groups)
+    is_held, held = held_out_split(corpus.source, corpus.chunk, gen)
     train_starts, held_starts = np.flatnonzero(ok & ~is_held), np.flatnonzero(ok & is_held)
     if train_starts.size < 16 or held_starts.size < 4:
-        raise ValueError(f"too little text to train on and check: {n} tokens in {groups.size} "
-                         f"{'files' if group is corpus.source else 'chunks of one file'}")
+        raise ValueError(f"too little text to train on and check: {n} tokens in {held.split(' of ', 1)[1]}")
 
     X = torch.from_numpy(corpus.tokens.astype(np.int64)).to(dev)             # [N]
     C = torch.from_numpy(corpus.chunk.astype(np.int64)).to(dev)              # [N]
@@ -530,7 +538,6 @@ def train(corpus: Corpus, target_gguf: Path, out: Path, *, vocab_size: int = 819
                 tmp.replace(checkpoint)
     if not acc:
         acc = held_out()
-    held = f"{held_groups.size} of {groups.size} {'files' if group is corpus.source else 'chunks'}"
     info = {"n_embd": d, "vocab_size": full_vocab, "draft_vocab": k, "tokens": int(n),
             "vocab_coverage": round(float(counts[vocab].sum() / max(1, counts.sum())), 4),
             "steps": plan["steps"], "passes": passes, "shape": shape.to_json(), "target_id": target_id,
