@@ -25,11 +25,12 @@ factories.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
 
-from .calibrate import Progress, calibrate, learnt_path, read_json
+from .calibrate import MAX_AGE, Progress, calibrate, learnt_path, read_json, write_json
 from .costs import Costs
 from .config import HEAD_CONTEXT, HEAD_MAX_STEP_SHARE, TreeBudget
 from .decode import Engine
@@ -237,7 +238,12 @@ def load(options: Options, names: Sequence[str], *, measure: bool, refresh: bool
             from localspec.models.ngram_store import NgramStore, vocab_key
             store = NgramStore.open(vocab_key(model), label=model.path.name)
             opened.append(store)
-        if "head" in names:
+        left_out, curves = None, {}
+        if "head" in names and measure and options.head_found and not refresh:
+            left_out = _sat_out(model, Path(options.head))
+            if left_out:   # measured before on this machine: not loaded, not compiled, not timed
+                model.set_hidden(False)
+        if "head" in names and not left_out:
             try:
                 head = load_head(options.head, model)
                 head.prepare(progress)    # a GPU's graphs, compiled, before the costs measure them
@@ -249,12 +255,13 @@ def load(options: Options, names: Sequence[str], *, measure: bool, refresh: bool
                 raise
         costs = (calibrate(model, gguf, nodes, refresh=refresh, progress=progress)
                  if measure else None)
-        left_out, curves = None, {}
         head_limits = options.head_limits
         if head is not None and costs is not None:
             from .drafters.head import head_costs
 
             curve = head_costs(costs, head)       # the head's step, measured now
+            if options.head_found:
+                _remember_share(model, head.path, curve)
             left_out = _head_too_dear(head.path, curve) if options.head_found else None
             if left_out:   # the run's costs are the target's without hidden states (cached apart)
                 head = None
@@ -277,6 +284,38 @@ def load(options: Options, names: Sequence[str], *, measure: bool, refresh: bool
                            draft_stable=draft_stable,
                            draft_path=Path(options.draft) if options.draft else None)
     return Loaded(options, model, parts, costs, left_out, curves)
+
+
+def _share_file(model: LlamaModel, head: Path) -> Path:
+    """Where the installed head's measured step share is kept: beside the calibration of the
+    target with hidden states, named for the head file (`head_tag`)."""
+    from .calibrate import cache_path, default_cache_dir
+    from .drafters.head import head_tag
+
+    path = cache_path([model], default_cache_dir())
+    return path.with_name(f"{path.stem}-head-{head_tag(head)}.share.json")
+
+
+def _remember_share(model: LlamaModel, head: Path, curve: Costs) -> None:
+    write_json(_share_file(model, head), {"measured": time.time(),
+                                          "share": curve.draft_cost(1) / curve.target_cost(1)})
+
+
+def _sat_out(model: LlamaModel, head: Path) -> str | None:
+    """Why the installed head sits out, where a load on this machine within the calibration's
+    MAX_AGE measured its step over HEAD_MAX_STEP_SHARE of the target's; else None (load it and
+    measure). Loading it only to leave it out costs a GPU its compile, the head's tables and a
+    calibration with hidden states, every start."""
+    data = read_json(_share_file(model, head))
+    share, when = data.get("share"), data.get("measured")
+    if not isinstance(share, (int, float)) or not isinstance(when, (int, float)):
+        return None
+    if time.time() - when >= MAX_AGE or share <= HEAD_MAX_STEP_SHARE:
+        return None
+    day = time.strftime("%Y-%m-%d", time.localtime(when))
+    return (f"its step costs {share:.0%} of the model's here (at most {HEAD_MAX_STEP_SHARE:.0%} "
+            f"pays; measured {day}, `localspec calibrate --refresh` measures again); "
+            f"--head {head} uses it anyway")
 
 
 def _head_too_dear(path: Path, curve: Costs) -> str | None:

@@ -439,12 +439,17 @@ class DraftHead:
         return best
 
 
+def head_tag(path: Path) -> str:
+    """A head file's name in the calibration cache: its path, size and modification time (a
+    head trained again is measured again)."""
+    st = path.stat()
+    return hashlib.sha256(f"{path.resolve()} {st.st_size} {st.st_mtime_ns}".encode()).hexdigest()[:8]
+
+
 def head_costs(costs: Costs, head: DraftHead) -> Costs:
     """`costs` with a draft head's step times, measured now, as the draft curve (learnt
     estimates kept apart from the draft models')."""
-    st = head.path.stat()
-    tag = hashlib.sha256(f"{head.path.resolve()} {st.st_size} {st.st_mtime_ns}".encode()).hexdigest()[:8]
-    file = costs.file.with_name(f"{costs.file.stem}-head-{tag}.json") if costs.file else None
+    file = costs.file.with_name(f"{costs.file.stem}-head-{head_tag(head.path)}.json") if costs.file else None
     return replace(costs, draft=head.measure(), file=file)
 
 

@@ -149,6 +149,51 @@ def test_an_installed_head_drafts_only_where_its_step_costs_little_beside_the_mo
     assert texts[0] == texts[1] and texts[0].strip()   # with the head or without, greedy text is the model's
 
 
+@pytest.mark.parametrize("share", [0.0, 1e9])
+def test_an_installed_head_that_sat_out_here_is_not_loaded_again_until_measured_again(
+        data, tiny, tiny_head, monkeypatch, share):
+    """The installed head's measured share of the target's step is kept beside the calibration:
+    where it sat out, the next start neither loads nor times it (on a GPU that would be its
+    compile, every start) and says when it was measured; `calibrate --refresh`, or a head
+    trained again, measures it again. A head that paid is loaded and timed every start."""
+    import os
+
+    from localspec.engine import build as build_mod
+    from localspec.engine.drafters import head as head_mod
+
+    monkeypatch.setattr(build_mod, "HEAD_MAX_STEP_SHARE", share)
+    loads = []
+    real_load = build_mod.load_head
+    monkeypatch.setattr(build_mod, "load_head", lambda *a: loads.append(1) or real_load(*a))
+    installed = heads.default_head_path(tiny.target_gguf)
+    installed.parent.mkdir(parents=True)
+    shutil.copyfile(tiny_head, installed)
+    options = Options(tiny.target_gguf, n_ctx=256, n_threads=1, maxgram=False, personal=False,
+                      budget=TreeBudget(8, adaptive=True))
+
+    def start(refresh: bool = False) -> tuple[int, str | None]:
+        loads.clear()
+        loaded = build_mod.load(build_mod.with_head(options), ["head"], measure=True, refresh=refresh)
+        try:
+            assert loaded.model.hidden == (loaded.parts.head is not None)
+            return len(loads), loaded.head_left_out
+        finally:
+            loaded.close()
+
+    first, why = start()
+    assert first == 1 and (why is None) == (share > 1)
+    again, why_again = start()
+    if share > 1:
+        assert again == 1 and why_again is None
+        return
+    assert again == 0 and f"--head {installed}" in why_again and "measured 20" in why_again
+    assert "calibrate --refresh" in why_again
+    assert start(refresh=True)[0] == 1           # measured again, and left out again
+    tag = head_mod.head_tag(installed)
+    os.utime(installed, ns=(0, 10 ** 9))          # trained again: another file, measured again
+    assert head_mod.head_tag(installed) != tag and start()[0] == 1
+
+
 def test_head_train_installs_the_head_for_an_installed_model_by_default(data, tiny, tmp_path, capsys,
                                                                         monkeypatch):
     from localspec.app.cli import build_parser
