@@ -258,6 +258,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     model, draft = options.model, options.head if options.head is not None else options.draft
     with terminal_progress(sys.stderr) as progress:
         loaded = load(options, names, measure=True, refresh=args.refresh, progress=progress)
+    if loaded.head_left_out:   # the installed head sits out here: the target's costs alone
+        names = [n for n in names if n != "head"]
+        print(f"head {options.head.name}: sits out on this machine: {loaded.head_left_out}")
     try:
         costs = loaded.stage_costs(loaded.stages(names))   # a head times its own steps
     finally:

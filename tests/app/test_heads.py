@@ -267,3 +267,22 @@ def test_head_train_refuses_a_bad_number_naming_the_flag_before_reading_anything
         args.run(args)
     assert err.value.title == "Bad option value" and flag in err.value.cause and flag in err.value.fix
     assert not (tmp_path / "h.npz").exists()
+
+
+def test_calibrate_with_an_installed_head_that_sits_out_measures_the_target_alone(
+        data, tiny, tiny_head, monkeypatch, capsys):
+    """`localspec calibrate` where the installed head sits out: the target's costs, and why the
+    head sits out, the first time (measured) and the next (remembered); not a crash on the
+    head's missing stage."""
+    from localspec.app import cli
+    from localspec.engine import build as build_mod
+
+    monkeypatch.setattr(build_mod, "HEAD_MAX_STEP_SHARE", 0.0)
+    installed = heads.default_head_path(tiny.target_gguf)
+    installed.parent.mkdir(parents=True)
+    shutil.copyfile(tiny_head, installed)
+    for when in ("its step costs", "measured 20"):
+        assert cli.main(["calibrate", "--model", str(tiny.target_gguf), "--ctx", "256", "--threads", "1"]) == 0
+        out = capsys.readouterr().out
+        assert "sits out on this machine" in out and when in out and f"--head {installed}" in out
+        assert f"target {tiny.target_gguf.name}: 1:" in out and "\ndraft " not in out
