@@ -207,8 +207,10 @@ def load(options: Options, names: Sequence[str], *, measure: bool, refresh: bool
     each step of a first calibration on this machine (calibrate.Step)."""
     if "head" in names:
         check_head_path(options.head)          # before the slow target load
-    if "torch-draft" in names or "head" in names:
+    if "torch-draft" in names:
         from . import torch_lm  # noqa: F401  (torch before llama.cpp: the measured load order)
+    elif "head" in names:      # torch alone: transformers' import would add seconds to each start
+        import torch  # noqa: F401
     nodes = options.budget.max_nodes
     spec = options.speculation     # room for trees (bench builds its stages over this target)
     model = LlamaModel(options.model, n_ctx=options.n_ctx,

@@ -28,12 +28,12 @@ from ..distribution import (  # same probe width as the target's processing
     Dist,
 )
 from ..errors import LocalspecError
-from ..torch_lm import TorchLM
 from ..tree import DraftTree
 from .grow import GrowLimits, grow
 
 if TYPE_CHECKING:
     from ..costs import Costs
+    from ..torch_lm import TorchLM   # transformers: seconds to import, which a head never needs
 
 # Committed tokens are fed in chunks of this many so a long prompt's attention scores stay small.
 _PREFILL_CHUNK = 512
@@ -137,6 +137,8 @@ class TorchDraft:
     def load(cls, path: str | Path, *, max_len: int = 4096, limits: DraftLimits = DraftLimits(),
              device: str | None = None, dtype: torch.dtype | None = None,
              static_shapes: bool | None = None) -> TorchDraft:
+        from ..torch_lm import TorchLM
+
         return cls(TorchLM.load(path, max_len=max_len, device=device, dtype=dtype,
                                 static_shapes=static_shapes), limits, Path(path))
 

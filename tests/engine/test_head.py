@@ -571,3 +571,16 @@ def test_gpu_step_fuses_the_targets_features_in_its_graph(tiny, tiny_head_taps):
     torch.testing.assert_close(r_g, f_g, atol=0.05, rtol=0.05)
     torch.testing.assert_close(n_g, n_e, atol=0.05, rtol=0.05)
     torch.testing.assert_close(nl_g, nl_e, atol=0.1 * float(nl_e.abs().max()), rtol=0.05)
+
+
+def test_a_head_loads_without_transformers(tiny, tiny_head):
+    """Loading a target with a head imports torch, not transformers (which only the PyTorch
+    draft model needs): on this project's 2-core EPYC, transformers' import was ~2.3 s of every
+    start with a head (docs/decisions/0043)."""
+    code = ("import sys; from localspec.engine.build import load; from localspec.engine.options import Options;"
+            f"loaded = load(Options({str(tiny.target_gguf)!r}, head={str(tiny_head)!r}, n_ctx=256, n_threads=1),"
+            " ['head'], measure=False); assert loaded.parts.head is not None; loaded.close();"
+            " print('torch' in sys.modules, 'transformers' in sys.modules)")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split() == ["True", "False"]
