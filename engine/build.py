@@ -263,8 +263,9 @@ def load(options: Options, names: Sequence[str], *, measure: bool, refresh: bool
 
             curve = head_costs(costs, head)       # the head's step, measured now
             if options.head_found:
-                _remember_share(model, head.path, curve)
-            left_out = _head_too_dear(head.path, curve) if options.head_found else None
+                share = curve.draft_cost(1) / curve.target_cost(1)
+                _remember_share(model, head.path, share)
+                left_out = _head_too_dear(head.path, share)
             if left_out:   # the run's costs are the target's without hidden states (cached apart)
                 head = None
                 model.set_hidden(False)
@@ -298,9 +299,8 @@ def _share_file(model: LlamaModel, head: Path) -> Path:
     return path.with_name(f"{path.stem}-head-{head_tag(head)}.share.json")
 
 
-def _remember_share(model: LlamaModel, head: Path, curve: Costs) -> None:
-    write_json(_share_file(model, head), {"measured": time.time(),
-                                          "share": curve.draft_cost(1) / curve.target_cost(1)})
+def _remember_share(model: LlamaModel, head: Path, share: float) -> None:
+    write_json(_share_file(model, head), {"measured": time.time(), "share": share})
 
 
 def _sat_out(model: LlamaModel, head: Path) -> str | None:
@@ -312,22 +312,19 @@ def _sat_out(model: LlamaModel, head: Path) -> str | None:
     share, when = data.get("share"), data.get("measured")
     if not isinstance(share, (int, float)) or not isinstance(when, (int, float)):
         return None
-    if time.time() - when >= MAX_AGE or share <= HEAD_MAX_STEP_SHARE:
-        return None
-    day = time.strftime("%Y-%m-%d", time.localtime(when))
-    return (f"its step costs {share:.0%} of the model's here (at most {HEAD_MAX_STEP_SHARE:.0%} "
-            f"pays; measured {day}, `localspec calibrate --refresh` measures again); "
-            f"--head {head} uses it anyway")
+    return _head_too_dear(head, share, when) if time.time() - when < MAX_AGE else None
 
 
-def _head_too_dear(path: Path, curve: Costs) -> str | None:
-    """Why the installed head at `path` sits out on this machine, or None: its one-row step (the
-    draft curve of `curve`, `head_costs`) costs more than HEAD_MAX_STEP_SHARE of the target's."""
-    share = curve.draft_cost(1) / curve.target_cost(1)
+def _head_too_dear(path: Path, share: float, measured: float | None = None) -> str | None:
+    """Why the installed head at `path` sits out on this machine, or None: its one-row step costs
+    `share` of the target's, more than HEAD_MAX_STEP_SHARE (measured: when a past load measured
+    it, a time.time(); None: this load)."""
     if share <= HEAD_MAX_STEP_SHARE:
         return None
+    when = ("" if measured is None else f"; measured {time.strftime('%Y-%m-%d', time.localtime(measured))}, "
+            "`localspec calibrate --refresh` measures again")
     return (f"its step costs {share:.0%} of the model's here (at most {HEAD_MAX_STEP_SHARE:.0%} "
-            f"pays); --head {path} uses it anyway")
+            f"pays{when}); --head {path} uses it anyway")
 
 
 @dataclass
