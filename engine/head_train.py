@@ -321,12 +321,12 @@ def _pass_masks(length: int, passes: int, device) -> list:
     return masks
 
 
-def held_out_split(source: np.ndarray, chunk: np.ndarray, gen) -> tuple[np.ndarray, str]:
-    """Which corpus positions the held-out check reads ([N] bool), and what they are ("2 of 40
-    files", "1 of 3 chunks of one file"): whole files (one in 20, at least one, drawn by the
-    torch.Generator `gen`), so the accuracy training reports is on text the head never saw, not
-    on positions interleaved with training ones; from one file, its last chunks (one in 20, at
-    least one). `source` and `chunk` [N]: each position's file and chunk."""
+def held_out_split(source: np.ndarray, chunk: np.ndarray, gen) -> tuple[np.ndarray, int, str]:
+    """Which corpus positions the held-out check reads ([N] bool), how many groups they are, and
+    of what ("40 files", "3 chunks of one file"): whole files (one in 20, at least one, drawn by
+    the torch.Generator `gen`), so the accuracy training reports is on text the head never saw,
+    not on positions interleaved with training ones; from one file, its last chunks (one in 20,
+    at least one). `source` and `chunk` [N]: each position's file and chunk."""
     import torch
 
     by_file = np.unique(source).size > 1
@@ -336,7 +336,7 @@ def held_out_split(source: np.ndarray, chunk: np.ndarray, gen) -> tuple[np.ndarr
         held = groups[torch.randperm(groups.size, generator=gen).numpy()[:max(1, groups.size // 20)]]
     else:
         held = groups[-max(1, groups.size // 20):]
-    return np.isin(group, held), f"{held.size} of {groups.size} {'files' if by_file else 'chunks of one file'}"
+    return np.isin(group, held), held.size, f"{groups.size} {'files' if by_file else 'chunks of one file'}"
 
 
 def train(corpus: Corpus, target_gguf: Path, out: Path, *, vocab_size: int = 8192,
@@ -404,10 +404,10 @@ def train(corpus: Corpus, target_gguf: Path, out: Path, *, vocab_size: int = 819
     ok = np.zeros(n, bool)
     for a, b in zip(starts_all, ends_all):
         ok[a:b - 2] = True
-    is_held, held = held_out_split(corpus.source, corpus.chunk, gen)
+    is_held, n_held, groups = held_out_split(corpus.source, corpus.chunk, gen)
     train_starts, held_starts = np.flatnonzero(ok & ~is_held), np.flatnonzero(ok & is_held)
     if train_starts.size < 16 or held_starts.size < 4:
-        raise ValueError(f"too little text to train on and check: {n} tokens in {held.split(' of ', 1)[1]}")
+        raise ValueError(f"too little text to train on and check: {n} tokens in {groups}")
 
     X = torch.from_numpy(corpus.tokens.astype(np.int64)).to(dev)             # [N]
     C = torch.from_numpy(corpus.chunk.astype(np.int64)).to(dev)              # [N]
@@ -542,7 +542,7 @@ def train(corpus: Corpus, target_gguf: Path, out: Path, *, vocab_size: int = 819
             "vocab_coverage": round(float(counts[vocab].sum() / max(1, counts.sum())), 4),
             "steps": plan["steps"], "passes": passes, "shape": shape.to_json(), "target_id": target_id,
             "noise": noise,
-            "held_out": held, "held_out_top1": acc, **(meta or {})}
+            "held_out": f"{n_held} of {groups}", "held_out_top1": acc, **(meta or {})}
     save_head(Path(out), net.arrays(), vocab, info)
     if checkpoint is not None:
         checkpoint.unlink(missing_ok=True)
