@@ -28,6 +28,15 @@ def data(tmp_path, monkeypatch) -> Path:
     return root
 
 
+def install_head(tiny, head: Path) -> Path:
+    """`head` installed for the tiny target in the test's data dir, as `head train` installs one;
+    its path there."""
+    installed = heads.default_head_path(tiny.target_gguf)
+    installed.parent.mkdir(parents=True)
+    shutil.copyfile(head, installed)
+    return installed
+
+
 def fake_head(path: Path, top1: float = 0.62) -> Path:
     """A head file `localspec list` can read (its meta is what counts; the weights are dummies)."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -96,9 +105,7 @@ def test_an_installed_head_that_does_not_load_names_no_head_in_the_fix(data, tin
 def test_a_trained_head_is_found_for_its_target_and_drafts(data, tiny, tiny_head):
     from localspec.engine.session import Session
 
-    installed = heads.default_head_path(tiny.target_gguf)
-    installed.parent.mkdir(parents=True)
-    shutil.copyfile(tiny_head, installed)
+    install_head(tiny, tiny_head)
     session = Session(Options(tiny.target_gguf, draft=tiny.draft_gguf, n_ctx=256, n_threads=1,
                               maxgram=False, personal=False, budget=TreeBudget(8, adaptive=False)))
     try:
@@ -125,9 +132,7 @@ def test_an_installed_head_drafts_only_where_its_step_costs_little_beside_the_mo
     measured = []
     timed = head_mod.head_costs
     monkeypatch.setattr(head_mod, "head_costs", lambda *a: measured.append(1) or timed(*a))
-    installed = heads.default_head_path(tiny.target_gguf)
-    installed.parent.mkdir(parents=True)
-    shutil.copyfile(tiny_head, installed)
+    installed = install_head(tiny, tiny_head)
     kept = share > 1
     texts = []
     for named in (None, tiny_head):
@@ -165,9 +170,7 @@ def test_an_installed_head_that_sat_out_here_is_not_loaded_again_until_measured_
     loads = []
     real_load = build_mod.load_head
     monkeypatch.setattr(build_mod, "load_head", lambda *a: loads.append(1) or real_load(*a))
-    installed = heads.default_head_path(tiny.target_gguf)
-    installed.parent.mkdir(parents=True)
-    shutil.copyfile(tiny_head, installed)
+    installed = install_head(tiny, tiny_head)
     options = Options(tiny.target_gguf, n_ctx=256, n_threads=1, maxgram=False, personal=False,
                       budget=TreeBudget(8, adaptive=True))
 
@@ -278,9 +281,7 @@ def test_calibrate_with_an_installed_head_that_sits_out_measures_the_target_alon
     from localspec.engine import build as build_mod
 
     monkeypatch.setattr(build_mod, "HEAD_MAX_STEP_SHARE", 0.0)
-    installed = heads.default_head_path(tiny.target_gguf)
-    installed.parent.mkdir(parents=True)
-    shutil.copyfile(tiny_head, installed)
+    installed = install_head(tiny, tiny_head)
     for when in ("its step costs", "measured 20"):
         assert cli.main(["calibrate", "--model", str(tiny.target_gguf), "--ctx", "256", "--threads", "1"]) == 0
         out = capsys.readouterr().out
