@@ -240,11 +240,11 @@ class DraftHead:
         return state, logits, probs, top.indices
 
     @torch.inference_mode()
-    def fuse(self, f: torch.Tensor) -> torch.Tensor:
-        """The target's features ([n, n_feature]: its final states, then the tapped layers') as
-        the head's steps read them, [n, d] (`HeadNet.fuse`; a head without taps reads the final
-        states as they are)."""
-        return self.net.fuse(f) if self.shape.taps else f
+    def fuse(self, feats: np.ndarray) -> torch.Tensor:
+        """The target's features ([n, n_feature] float32 on the host: its final states, then the
+        tapped layers') as the head's steps read them, [n, d] on its device (`HeadNet.fuse`; a
+        head without taps reads the final states as they are)."""
+        return self.net.fuse(torch.from_numpy(feats).to(self.device, self.dtype))
 
     @torch.inference_mode()
     def store(self, f: torch.Tensor, tokens: Sequence[int], pos: np.ndarray, slots: np.ndarray) -> None:
@@ -303,7 +303,7 @@ class DraftHead:
         ids = self._slots(tokens)
         if not self.graphs or n > _BUCKETS[-1]:
             if raw:
-                f = self.fuse(torch.from_numpy(f).to(self.device, self.dtype))
+                f = self.fuse(f)
             idx = torch.from_numpy(np.stack([ids, np.asarray(pos, np.int64), np.asarray(slots, np.int64)]))
             return self._run(f, idx.to(self.device), torch.from_numpy(mask).to(self.device))
         g = self._graph(next(b for b in _BUCKETS if b >= n))
@@ -339,7 +339,7 @@ class DraftHead:
 
     def _run_features(self, x: torch.Tensor, idx, mask) -> tuple[torch.Tensor, ...]:
         """`_run` on features x [n, n_feature] float32, fused first (a graph's step)."""
-        return self._run(self.net.fuse(x.to(self.dtype)) if self.shape.taps else x.to(self.dtype), idx, mask)
+        return self._run(self.net.fuse(x.to(self.dtype)), idx, mask)
 
     def _padded(self, rows: int) -> tuple[np.ndarray, np.ndarray]:
         """Inputs of `rows` padding rows (idx [3, rows], mask [rows, cache rows]): each writes its
@@ -549,8 +549,7 @@ class HeadDrafter:
     def _store(self, n: int) -> None:
         """The first `n` queued pairs into the ring, keys and values alone (`DraftHead.store`)."""
         feats, toks, p = self._take(n)
-        head = self.head
-        head.store(head.fuse(torch.from_numpy(feats).to(head.device, head.dtype)), toks, p, p % WINDOW)
+        self.head.store(self.head.fuse(feats), toks, p, p % WINDOW)
 
     def _insert(self, n: int) -> tuple[int, torch.Tensor, list[torch.Tensor]]:
         """The first `n` queued pairs into the ring (causal by position) in one step; (the last

@@ -561,8 +561,7 @@ def test_gpu_step_fuses_the_targets_features_in_its_graph(tiny, tiny_head_taps):
     host = lambda out: [t.float().cpu() for t in out[:2]]   # noqa: E731  (a graph's buffers: read now)
     for i, head in enumerate(heads):
         root = host(head.step_features(feats, [5, 9, 11], *window_rows(3)))
-        fused = host(head.step(head.fuse(torch.from_numpy(feats).to(head.device, head.dtype)), [5, 9, 11],
-                               *window_rows(3)))
+        fused = host(head.step(head.fuse(feats), [5, 9, 11], *window_rows(3)))
         node = host(head.step(parents, [7, 8, 9, 10], *window_rows(4)))   # the same graph as the root's
         heads[i] = [root[0], root[1], fused[0], node[0], node[1]]
     (r_e, rl_e, f_e, n_e, nl_e), (r_g, rl_g, f_g, n_g, nl_g) = heads
