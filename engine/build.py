@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
 
-from .calibrate import MAX_AGE, Progress, calibrate, learnt_path, read_json, write_json
+from .calibrate import MAX_AGE, Progress, cache_path, calibrate, default_cache_dir, learnt_path, read_json, write_json
 from .costs import Costs
 from .config import HEAD_CONTEXT, HEAD_MAX_STEP_SHARE, TreeBudget
 from .decode import Engine
@@ -292,8 +292,7 @@ def load(options: Options, names: Sequence[str], *, measure: bool, refresh: bool
 def _share_file(model: LlamaModel, head: Path) -> Path:
     """Where the installed head's measured step share is kept: beside the calibration of the
     target with hidden states, named for the head file (`head_tag`)."""
-    from .calibrate import cache_path, default_cache_dir
-    from .drafters.head import head_tag
+    from .drafters.head import head_tag   # torch: imported only with a head
 
     path = cache_path([model], default_cache_dir())
     return path.with_name(f"{path.stem}-head-{head_tag(head)}.share.json")
