@@ -8,7 +8,9 @@ Why it is shaped so:
   at any moment leaves the old or the new file, never half of one.
 * A corrupt file is an explained state, never a traceback: `load_settings` raises LocalspecError
   (title, cause, fix); `load_settings_or_default` falls back to the defaults and returns that error
-  as a notice for the UI to show. The bad file is left in place until the user saves.
+  as a notice for the UI to show. The bad file is left in place until the user saves. It is read
+  as every file of localspec's own is (models/own_files.py): a regular file, at most
+  SETTINGS_MAX_BYTES, so a FIFO or a link to /dev/zero is one more corrupt file.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ import platformdirs
 
 from localspec.engine.errors import LocalspecError
 from localspec.engine.options import problems as option_problems
+from localspec.models.own_files import SETTINGS_MAX_BYTES, Unreadable, read_json
 
 FILE_NAME = "settings.json"
 STAGES = ("personal", "draft")   # optional speculation stages (Max-Gram always runs with speculation)
@@ -94,11 +97,11 @@ def load_settings(path: Path | None = None) -> Settings:
     """The saved settings; defaults when there is no file; LocalspecError when it is corrupt."""
     path = path or settings_path()
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
+        raw = read_json(path, SETTINGS_MAX_BYTES)
     except FileNotFoundError:
         return Settings()
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise _corrupt(path, str(err)) from None
+    except Unreadable as err:
+        raise _corrupt(path, err.why) from None
     if not isinstance(raw, dict):
         raise _corrupt(path, "it does not hold a JSON object")
     try:

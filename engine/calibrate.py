@@ -34,6 +34,8 @@ from .native import (MULTICOL_MAX, MULTICOL_MIN, TILED_MIN, has_multicol_kernels
 import llama_cpp as lc
 import numpy as np
 
+from localspec.models import own_files
+
 from .costs import Costs
 from .llama_model import LlamaModel, exact_in_process
 
@@ -291,10 +293,12 @@ def learnt_path(costs: Costs) -> Path | None:
 
 
 def read_json(path: Path) -> dict:
-    """A cache file's object; {} when it is missing or unreadable (the caller starts fresh)."""
+    """A cache file's object; {} when it is missing or unusable (models/own_files.py: not a
+    regular file, too big, nested too deep, not JSON): the caller measures again, and its write
+    replaces the file."""
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+        data = own_files.read_json(path, own_files.CALIBRATION_MAX_BYTES)
+    except (FileNotFoundError, own_files.Unreadable):
         return {}
     return data if isinstance(data, dict) else {}
 

@@ -256,25 +256,39 @@ def save_corpus(path: Path, corpus: Corpus, meta: dict) -> None:
 
 def load_corpus(path: Path, target_id: str) -> tuple[Corpus, dict]:
     """A corpus `save_corpus` wrote for the target whose fingerprint is `target_id`, and its meta."""
-    import json
     import zipfile
+
+    from localspec.models.own_files import Unreadable, open_regular, parse_json
 
     from .errors import LocalspecError
 
+    fix = "Delete it (the next run reads the text again), or name another --corpus"
     try:
-        with np.load(path, allow_pickle=False) as z:
-            meta = json.loads(str(z["meta"]))
-            corpus = Corpus(z["tokens"], z["hidden"], z["chunk"], z["source"])
+        with open_regular(path) as fh:       # a regular file only: it is read whole
+            size = os.fstat(fh.fileno()).st_size
+            if size > _memory_bytes():
+                raise LocalspecError("Training corpus is bigger than this machine's memory",
+                                     f"'{path}' is {size / 2**30:.1f} GiB, and it is loaded whole", fix)
+            with np.load(fh, allow_pickle=False) as z:
+                meta = parse_json(path, str(z["meta"]))
+                corpus = Corpus(z["tokens"], z["hidden"], z["chunk"], z["source"])
         n = len(corpus.tokens)
         if not (len(corpus.hidden) == len(corpus.chunk) == len(corpus.source) == n) or corpus.hidden.ndim != 2:
             raise ValueError("its arrays disagree in length")
+    except Unreadable as err:
+        raise LocalspecError("Not a usable training corpus", str(err), fix) from None
     except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile, EOFError) as err:
         raise LocalspecError("Not a usable training corpus", f"'{path}': {type(err).__name__}: {err}",
-                             "Delete it (the next run reads the text again), or name another --corpus") from None
+                             fix) from None
     if not isinstance(meta, dict) or meta.get("target_id") != target_id:
         raise LocalspecError("Training corpus of another target", f"'{path}' holds another model's states",
                              "Delete it, or name another --corpus for this model")
     return corpus, meta
+
+
+def _memory_bytes() -> int:
+    """This machine's physical memory: the most a corpus loaded whole could take."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def join(*corpora: Corpus) -> Corpus:
