@@ -19,6 +19,9 @@ Why it is shaped so:
   its path is the transformers folder (what `--draft` takes), its parts the files in it. Its
   vocabulary is checked against the target GGUF's token by token (torch_draft.py).
 * Names are safe slugs; every path the store builds is checked to stay inside the store.
+* The manifest is read as every file of localspec's own is (models/own_files.py): a regular
+  file, at most MANIFEST_MAX_BYTES; damage is explained (move it aside), and a manifest of a newer
+  version is refused rather than rewritten without what this version does not know.
 """
 from __future__ import annotations
 
@@ -37,6 +40,7 @@ from typing import Iterator, Sequence
 from localspec.models.errors import LocalspecError
 from localspec.models import torch_draft
 from localspec.models.gguf_file import GGUFInfo, Vocabulary, file_vocabulary, read_gguf
+from localspec.models.own_files import MANIFEST_MAX_BYTES, Unreadable, read_json
 from localspec.models.paths import data_dir
 
 MANIFEST = "manifest.json"
@@ -169,18 +173,31 @@ def owned_path(name: str, file_name: str, root: Path | None = None,
 def _read_manifest(root: Path | None = None) -> dict[str, InstalledModel]:
     path = store_dir(root) / MANIFEST
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
+        raw = read_json(path, MANIFEST_MAX_BYTES)
     except FileNotFoundError:
         return {}
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise LocalspecError("Model manifest is unreadable", f"'{path}': {err}",
+    except Unreadable as err:
+        raise LocalspecError("Model manifest is unreadable", str(err),
                              f"Move '{path}' aside and re-import your models "
                              "(model files themselves are untouched)") from None
+    version = raw.get("version", MANIFEST_VERSION) if isinstance(raw, dict) else None
+    if isinstance(version, int) and version > MANIFEST_VERSION:
+        raise LocalspecError("Model manifest is from a newer localspec",
+                             f"'{path}' is version {version}; this localspec knows version "
+                             f"{MANIFEST_VERSION} and would drop what it does not know",
+                             "Upgrade localspec to the version that wrote it (packaging/install.sh); "
+                             "the manifest is left as it is")
+    if version != MANIFEST_VERSION or not isinstance(raw.get("models"), dict):
+        raise _malformed(path, 'it does not hold {"version": 1, "models": {NAME: ENTRY, ...}}')
     try:
         return {name: InstalledModel.from_json(name, d) for name, d in raw["models"].items()}
-    except (KeyError, TypeError, ValueError) as err:
-        raise LocalspecError("Model manifest is malformed", f"'{path}': bad entry ({err!r})",
-                             f"Move '{path}' aside and re-import your models") from None
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as err:
+        raise _malformed(path, f"bad entry ({err!r})") from None
+
+
+def _malformed(path: Path, cause: str) -> LocalspecError:
+    return LocalspecError("Model manifest is malformed", f"'{path}': {cause}",
+                          f"Move '{path}' aside and re-import your models")
 
 
 def _write_manifest(models: dict[str, InstalledModel], root: Path | None = None) -> None:

@@ -1,11 +1,14 @@
-"""Hostile SQLite files: damaged pages (valid header) in the history and the n-gram store, and a
-data dir that refuses writes. Each ends within BOUND with one LocalspecError (the CLI: exit 2,
-title/cause/fix, no traceback) that tells "cannot write" (keep the file) from "damaged" (move it
-aside), and the file is left as it was.
+"""Hostile stores: damaged pages (valid header) in the SQLite history and n-gram store, a data
+dir that refuses writes, and the models' manifest made hostile (not a regular file, too big, too
+deep, of the wrong shape, of a newer version). Each ends within BOUND with one LocalspecError (the
+CLI: exit 2, title/cause/fix, no traceback) that tells "cannot write" (keep the file) from
+"damaged" (move it aside), and the file is left as it was. And `rm` deletes nothing another model
+uses or that lies outside the store; a symlink loop given as a path is explained.
 """
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import sqlite3
@@ -19,6 +22,8 @@ import pytest
 from localspec.app.history import History, history_path
 from localspec.engine.errors import LocalspecError
 from localspec.models.ngram_store import NgramStore, store_path
+from localspec.models.own_files import MANIFEST_MAX_BYTES
+from test_hostile_own_files import HOSTILE, WHY   # tests/system is on sys.path under pytest
 
 BOUND = 10.0          # seconds, start to exit, for a CLI case on a loaded 2-core machine
 DROP_WRITE = ["setpriv", "--inh-caps=-all",
@@ -146,3 +151,51 @@ def test_a_read_only_data_dir_says_cannot_write_never_delete(data_env, write_ref
         for folder in (data, data / "ngrams"):
             folder.chmod(0o700)
     assert {p: digest(p) for p in data.rglob("*.sqlite")} == files
+
+
+# ---- the models' manifest and `rm` (issue 45) ----------------------------------------------------
+def manifest_in(env: dict) -> Path:
+    path = Path(env["LOCALSPEC_DATA_DIR"]) / "models" / "manifest.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@pytest.mark.parametrize("case", list(HOSTILE))
+def test_a_hostile_manifest_is_explained_at_once(data_env, case):
+    path = manifest_in(data_env)
+    HOSTILE[case](path, MANIFEST_MAX_BYTES)
+    proc, seconds = cli("list", env=data_env)
+    clean_exit_2(proc, "Model manifest is unreadable", str(path), WHY[case], "aside")
+    assert "this is a bug" not in proc.stderr and seconds < BOUND
+
+
+def _entry(path: str, size: object = 1) -> dict:
+    return {"target": {"path": path, "size": size, "owned": False, "quantization": "F32",
+                       "vocab_size": 512}, "draft": None, "added_at": 0}
+
+
+@pytest.mark.parametrize("body, cause", [
+    ({"version": 1, "models": []}, "does not hold"),
+    ([1, 2], "does not hold"),
+    ({"version": "one", "models": {}}, "does not hold"),
+    ({"version": 1, "models": {"m": 5}}, "bad entry"),
+    ({"version": 1, "models": {"m": _entry("/x.gguf", 1e400)}}, "OverflowError"),   # inf
+    ({"version": 1, "models": {"m": _entry("/x.gguf", "big")}}, "bad entry"),
+])
+def test_a_damaged_manifest_is_malformed_not_a_bug(data_env, body, cause):
+    path = manifest_in(data_env)
+    path.write_text(json.dumps(body))
+    proc, seconds = cli("list", env=data_env)
+    clean_exit_2(proc, "Model manifest is malformed", str(path), cause)
+    assert "this is a bug" not in proc.stderr and seconds < BOUND
+
+
+def test_a_manifest_of_a_newer_version_is_refused_never_rewritten(data_env, tiny):
+    path = manifest_in(data_env)
+    path.write_text(json.dumps({"version": 2, "models": {}, "groups": {"work": ["m"]}}))
+    before = digest(path)
+    for args in (("list",), ("import", "t", str(tiny.target_gguf)), ("rm", "t")):
+        proc, seconds = cli(*args, env=data_env)
+        clean_exit_2(proc, "Model manifest is from a newer localspec", "version 2", "Upgrade localspec")
+        assert seconds < BOUND
+    assert digest(path) == before
