@@ -22,6 +22,8 @@ Why it is shaped so:
 * The manifest is read as every file of localspec's own is (models/own_files.py): a regular
   file, at most MANIFEST_MAX_BYTES; damage is explained (move it aside), and a manifest of a newer
   version is refused rather than rewritten without what this version does not know.
+* `rm` deletes a file only if the store owns it, it lies inside the store, and no other installed
+  model uses it (the same resolved path or the same inode: `import B <store>/A/target.gguf`).
 """
 from __future__ import annotations
 
@@ -509,16 +511,18 @@ def list_models(root: Path | None = None) -> list[ModelListing]:
 
 
 def remove_model(name: str, root: Path | None = None) -> InstalledModel:
-    """Forget `name`; delete only the files the store owns, never a file referenced in place."""
-    check_name(name)
+    """Forget `name`; delete only the files the store owns that no other installed model uses,
+    never a file referenced in place. A name the manifest holds is removable even if it is not a
+    plain name (a hand-edited `../../etc`): it is forgotten, and nothing outside the store goes."""
     with _locked(root):
         models = _read_manifest(root)
         if name not in models:
+            check_name(name)
             raise not_installed(name, models)
         model = models.pop(name)
         _write_manifest(models, root)   # first: a crash below leaves orphans, never dangling entries
     try:
-        _delete_owned(model, store_dir(root).resolve())
+        _delete_owned(model, store_dir(root).resolve(), _in_use(models.values()))
     except OSError as err:   # forgotten already: say what is left on disk, not a traceback
         raise LocalspecError(f"Model '{name}' is forgotten, but some of its files stay",
                              f"'{err.filename}': {err.strerror or err}",
@@ -526,18 +530,47 @@ def remove_model(name: str, root: Path | None = None) -> InstalledModel:
     return model
 
 
-def _delete_owned(model: InstalledModel, base: Path) -> None:
-    """Delete the files the store owns for `model` (never one referenced in place), then its
-    folder if empty."""
-    for f in [model.target] + ([model.draft] if model.draft else []):
+def _files_of(model: InstalledModel) -> list[ModelFile]:
+    return [model.target] + ([model.draft] if model.draft else [])
+
+
+def _identity(path: Path) -> tuple[Path, tuple[int, int] | None]:
+    """A file as `rm` compares them: its resolved path, and its inode when it exists."""
+    try:
+        st = path.stat()
+    except OSError:
+        return path.resolve(), None
+    return path.resolve(), (st.st_dev, st.st_ino)
+
+
+def _in_use(models) -> set:
+    """The resolved paths and inodes of every file (and torch folder) the models use."""
+    used: set = set()
+    for model in models:
+        for f in _files_of(model):
+            for path in (*f.files, f.path):
+                used.update(x for x in _identity(path) if x is not None)
+    return used
+
+
+def _delete_owned(model: InstalledModel, base: Path, in_use: set) -> None:
+    """Delete the files the store owns for `model` inside `base` that are not `in_use` by another
+    model (never one referenced in place), then its folder if empty."""
+    def deletable(path: Path) -> bool:
+        resolved, inode = _identity(path)
+        return base in resolved.parents and resolved not in in_use and inode not in in_use
+
+    for f in _files_of(model):
         for path in f.files:
-            if f.owned and base in path.resolve().parents:
+            if f.owned and deletable(path):
                 path.unlink(missing_ok=True)
-        if (f.kind == "torch" and f.owned and base in f.path.resolve().parents
+        if (f.kind == "torch" and f.owned and deletable(f.path)
                 and f.path.is_dir() and not any(f.path.iterdir())):
             f.path.rmdir()
+    if not _NAME.fullmatch(model.name) or ".." in model.name:
+        return                                   # a name no store folder can have
     folder = base / model.name
-    if folder.is_dir():
+    if folder.is_dir() and not folder.is_symlink():
         for stale in folder.glob(f"*{PARTIAL_SUFFIX}"):
             stale.unlink()
         if not any(folder.iterdir()):

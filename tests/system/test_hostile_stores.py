@@ -199,3 +199,46 @@ def test_a_manifest_of_a_newer_version_is_refused_never_rewritten(data_env, tiny
         clean_exit_2(proc, "Model manifest is from a newer localspec", "version 2", "Upgrade localspec")
         assert seconds < BOUND
     assert digest(path) == before
+
+
+def test_rm_keeps_a_store_file_another_model_uses(data_env, tiny, tmp_path):
+    """`import B <store>/A/target.gguf` (by path) and C through a hard link to it: `rm A` forgets A
+    and keeps the file both use; the last user's `rm` still never deletes what it imported."""
+    proc, _ = cli("import", "a", str(tiny.target_gguf), "--copy", env=data_env)
+    assert proc.returncode == 0, proc.stderr
+    owned = Path(data_env["LOCALSPEC_DATA_DIR"]) / "models" / "a" / tiny.target_gguf.name
+    hard = tmp_path / "hard.gguf"
+    os.link(owned, hard)
+    for name, path in (("b", owned), ("c", hard)):
+        proc, _ = cli("import", name, str(path), env=data_env)
+        assert proc.returncode == 0, proc.stderr
+    before = digest(owned)
+    proc, _ = cli("rm", "a", env=data_env)
+    assert proc.returncode == 0, proc.stderr
+    assert owned.is_file() and digest(owned) == before
+    proc, _ = cli("list", env=data_env)
+    rows = [line.split()[0] for line in proc.stdout.splitlines()
+            if line[:1].isalnum() and not line.startswith(("free:", "NAME"))]
+    assert proc.returncode == 0 and rows == ["b", "c"] and "missing file" not in proc.stdout, proc.stdout
+    proc, _ = cli("generate", "def f", "--raw", "--model", "b", "--max-tokens", "2", env=data_env)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_rm_of_a_manifest_entry_named_out_of_the_store_touches_nothing_outside(data_env, tmp_path):
+    """An entry a hand (or a hostile program) wrote as `../../outside`, owning a file outside the
+    store: `rm` forgets it and deletes nothing outside (not the empty folder its name points at,
+    not the file)."""
+    outside = tmp_path / "outside"          # <data>/models/../../outside
+    outside.mkdir()
+    victim = tmp_path / "victim.gguf"
+    victim.write_bytes(b"GGUF keep me")
+    entry = _entry(str(victim), victim.stat().st_size)
+    entry["target"]["owned"] = True
+    path = manifest_in(data_env)
+    path.write_text(json.dumps({"version": 1, "models": {"../../outside": entry}}))
+    proc, seconds = cli("rm", "../../outside", env=data_env)
+    assert proc.returncode == 0, proc.stderr
+    assert outside.is_dir() and victim.read_bytes() == b"GGUF keep me" and seconds < BOUND
+    assert json.loads(path.read_text())["models"] == {}
+    proc, _ = cli("rm", "../../outside", env=data_env)          # gone: a bad name again
+    clean_exit_2(proc, "Bad model name")
