@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 from localspec.engine.errors import LocalspecError
+from localspec.models.paths import resolved
 
 from .inputs import decode, read_text_file
 from .paths import model_path
@@ -54,8 +55,7 @@ def cmd_ngram(args: argparse.Namespace) -> int:
                 _print_ngram_info(store.info())
             return 0
         if args.action == "forget":
-            names = {args.name, str(Path(args.name).expanduser().resolve())} \
-                if args.kind == "file" else {args.name}
+            names = {args.name, *_resolved_or_none(args.name)} if args.kind == "file" else {args.name}
             hits = [s for s in stores if any([s.forget(args.kind, n) for n in sorted(names)])]
             if not hits:
                 raise LocalspecError("Unknown n-gram source", f"no {args.kind} named "
@@ -76,6 +76,15 @@ def cmd_ngram(args: argparse.Namespace) -> int:
     finally:
         for store in stores:
             store.close()
+
+
+def _resolved_or_none(name: str) -> list[str]:
+    """A file source's name as `add-file` stored it (resolved); none where the path cannot be
+    resolved (a symlink loop): the name as given is still tried."""
+    try:
+        return [str(resolved(name, "Cannot follow the path"))]
+    except LocalspecError:
+        return []
 
 
 def _confirm(question: str) -> bool:
@@ -101,7 +110,7 @@ def _ngram_add_file(args: argparse.Namespace) -> int:
     from localspec.engine.llama_model import LlamaModel
     from localspec.models.ngram_store import NgramStore, vocab_key
 
-    path = Path(args.path).expanduser().resolve()
+    path = resolved(args.path, "Cannot learn from the file")
     text = read_text_file(path, ADD_FILE_MAX_BYTES, "Cannot learn from the file",
                           "Split it, or add the part that matters")
     gguf = model_path(args.model, "Model")

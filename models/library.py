@@ -43,7 +43,7 @@ from localspec.models.errors import LocalspecError
 from localspec.models import torch_draft
 from localspec.models.gguf_file import GGUFInfo, Vocabulary, file_vocabulary, read_gguf
 from localspec.models.own_files import MANIFEST_MAX_BYTES, Unreadable, read_json
-from localspec.models.paths import data_dir
+from localspec.models.paths import data_dir, resolved
 
 MANIFEST = "manifest.json"
 MANIFEST_VERSION = 1
@@ -358,14 +358,14 @@ def import_model(name: str, target_path: str | Path, draft_path: str | Path | No
     The target is a GGUF (a split one named by its first part; the others are found next to it);
     the draft a GGUF or a transformers folder (a PyTorch draft)."""
     check_name(name)
-    target = _parts_on_disk(Path(target_path).expanduser().resolve())
+    target = _parts_on_disk(resolved(target_path, "Cannot import the model"))
     # validation: missing/non-GGUF/truncated refused; only a first part carries the tokenizer
     t_infos = _read_parts(target)
     draft: list[Path] = []
     folder: Path | None = None
     checked: _CheckedDraft | None = None
     if draft_path is not None:
-        found = Path(draft_path).expanduser().resolve()
+        found = resolved(draft_path, "Cannot import the draft")
         if found.is_dir():
             folder = found
             draft = [found / n for n in torch_draft.wanted_files(

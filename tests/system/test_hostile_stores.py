@@ -242,3 +242,20 @@ def test_rm_of_a_manifest_entry_named_out_of_the_store_touches_nothing_outside(d
     assert json.loads(path.read_text())["models"] == {}
     proc, _ = cli("rm", "../../outside", env=data_env)          # gone: a bad name again
     clean_exit_2(proc, "Bad model name")
+
+
+# ---- symlink loops where a path is given ---------------------------------------------------------
+@pytest.mark.parametrize("command, title", [
+    (("import", "{loop}"), "Cannot import the model"),
+    (("import", "t", "{target}", "--draft", "{loop}"), "Cannot import the draft"),
+    (("generate", "hi", "--raw", "--model", "{target}", "--draft", "{loop}"), "Draft model not found"),
+    (("ngram", "add-file", "{loop}", "--model", "{target}"), "Cannot learn from the file"),
+    (("ngram", "forget", "file", "{loop}"), "Unknown n-gram source"),
+])
+def test_a_symlink_loop_given_as_a_path_is_explained(data_env, tiny, tmp_path, command, title):
+    loop = tmp_path / "loop.gguf"
+    loop.symlink_to(loop.name)
+    args = [a.format(loop=loop, target=tiny.target_gguf) for a in command]
+    proc, seconds = cli(*args, env=data_env)
+    clean_exit_2(proc, title, str(loop))
+    assert "this is a bug" not in proc.stderr and seconds < BOUND
