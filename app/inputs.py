@@ -12,7 +12,7 @@ machine (`yes | localspec ask …`, `< /dev/zero`) or crash a command with a Uni
   file should not block a question, a byte typed into the chat screen cannot be refused, and the
   model reads one replacement character where the bytes were. The same rule holds for stdin,
   files, arguments (which Python hands over with surrogate escapes) and the chat screen.
-* A file holding NUL bytes is binary, not text, and is refused.
+* A file holding NUL bytes (anywhere in it) is binary, not text, and is refused.
 """
 from __future__ import annotations
 
@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import BinaryIO, TextIO
 
 from localspec.engine.errors import LocalspecError
+from localspec.models.own_files import Unreadable, open_regular
 
 BYTES_PER_TOKEN = 8     # a text longer than n_ctx * this many bytes cannot fit in n_ctx tokens
 _CHUNK = 1 << 16
-_BINARY_PROBE = 8192    # NUL bytes in this much of a file's start mark it binary
 
 
 def decode(data: bytes) -> str:
@@ -95,23 +95,25 @@ def check_prompt(text: str, n_ctx: int, what: str) -> str:
 
 def read_text_file(path: Path, limit: int, title: str, fix: str) -> str:
     """A text file the user named: refused (LocalspecError with `title`) if it is not a readable
-    regular file, holds more than `limit` bytes (`fix` says what to do then; nothing past the limit
-    is read) or looks binary; invalid UTF-8 becomes U+FFFD."""
-    if not path.is_file():
-        cause = "does not exist" if not path.exists() else "is not a regular file"
-        raise LocalspecError(title, f"'{path}' {cause}", "Pass the path of a text file")
+    regular file (opened once, without blocking: models/own_files.py), holds more than `limit`
+    bytes (`fix` says what to do then; nothing past the limit is read) or looks binary; invalid
+    UTF-8 becomes U+FFFD."""
     try:
-        size = path.stat().st_size
-        if size > limit:
-            raise LocalspecError(title, f"'{path}' is {_size(size)}; the limit is {_size(limit)}", fix)
-        with path.open("rb") as fh:
+        with open_regular(path) as fh:
+            size = os.fstat(fh.fileno()).st_size
+            if size > limit:
+                raise LocalspecError(title, f"'{path}' is {_size(size)}; the limit is {_size(limit)}", fix)
             data = read_bounded(fh, limit)
         if data is None:   # it grew while being read
             raise LocalspecError(title, f"'{path}' is over the limit of {_size(limit)}", fix)
+    except FileNotFoundError:
+        raise LocalspecError(title, f"'{path}' does not exist", "Pass the path of a text file") from None
+    except Unreadable as err:
+        raise LocalspecError(title, str(err), "Pass the path of a text file") from None
     except OSError as err:
         raise LocalspecError(title, f"'{path}': {err.strerror or err}",
                              "Check that the file exists and that you may read it") from None
-    if b"\0" in data[:_BINARY_PROBE]:
+    if b"\0" in data:     # anywhere: a NUL past the first pages is as binary as one in them
         raise LocalspecError(title, f"'{path}' looks binary (it holds NUL bytes)",
                              "Pass a text file (code, notes, ...)")
     return decode(data)

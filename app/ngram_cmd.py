@@ -9,7 +9,7 @@ from localspec.engine.errors import LocalspecError
 from localspec.models.paths import resolved
 
 from .inputs import decode, read_text_file
-from .paths import model_path
+from .paths import resolve_models
 
 # A file this size already yields more n-gram rows (about four per token, a token being about four
 # bytes) than the store keeps (ngram_store.DEFAULT_MAX_ROWS): a bigger one only costs memory and
@@ -27,10 +27,12 @@ def add_ngram(sub: argparse._SubParsersAction) -> None:
     wipe = acts.add_parser("wipe", help="forget everything")
     wipe.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     for q in (show, forget, wipe):
-        q.add_argument("--model", help="only the data for this model's vocabulary (default: all)")
+        q.add_argument("--model", help="only the data for this model's vocabulary: a .gguf or an "
+                                       "installed model's name (default: all)")
     add = acts.add_parser("add-file", help="opt in: learn from a text file you point at")
     add.add_argument("path")
-    add.add_argument("--model", required=True, help="target model (.gguf) whose tokenizer to use")
+    add.add_argument("--model", required=True,
+                     help="target model whose tokenizer to use: a .gguf or an installed model's name")
     p.set_defaults(run=cmd_ngram)
 
 
@@ -40,7 +42,7 @@ def cmd_ngram(args: argparse.Namespace) -> int:
     if args.action == "add-file":
         return _ngram_add_file(args)
     if args.model:
-        paths = [p for p in [ns.store_path(ns.vocab_key(model_path(args.model, "Model")))]
+        paths = [p for p in [ns.store_path(ns.vocab_key(resolve_models(args.model, None)[0]))]
                  if p.exists()]
     else:
         paths = ns.store_paths()
@@ -113,7 +115,7 @@ def _ngram_add_file(args: argparse.Namespace) -> int:
     path = resolved(args.path, "Cannot learn from the file")
     text = read_text_file(path, ADD_FILE_MAX_BYTES, "Cannot learn from the file",
                           "Split it, or add the part that matters")
-    gguf = model_path(args.model, "Model")
+    gguf, _ = resolve_models(args.model, None)
     model = LlamaModel(gguf, n_ctx=64)
     try:
         tokens = model.tokenize(text, special=False, add_bos=False)
