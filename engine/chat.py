@@ -55,6 +55,16 @@ def render_chat(template: str | None, messages: Sequence[dict], *, bos_token: st
                          template_fix(model))
 
 
+def chat_tokens(model, messages: Sequence[dict],
+                should_stop: Callable[[], bool] | None = None) -> list[int]:
+    """The prompt tokens for `messages` through the chat template of `model` (a LlamaModel)."""
+    text = render_chat(model.meta("tokenizer.chat_template"), messages,
+                       bos_token=model.token_text(model.special_token("bos")),
+                       eos_token=model.token_text(model.special_token("eos")),
+                       model=model.path.name, should_stop=should_stop)
+    return model.tokenize(text, special=True)
+
+
 class _Renderer:
     """The worker process, started on first use; one render at a time."""
 

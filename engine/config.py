@@ -112,3 +112,7 @@ class GenerationRequest:
     max_tokens: int = 256
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stop: tuple[str, ...] = ()
+    # keep what the target's cache (and every stage) holds of the prompt's start from the last
+    # generation, prefilling only the rest: a conversation's turns. Off, every generation prefills
+    # its whole prompt (one-prompt commands, benchmarks of a prompt's own cost).
+    reuse: bool = False

@@ -68,8 +68,12 @@ class Engine:
         rng = np.random.default_rng(sampling.seed)
         stream = TextStream(self.target.model.piece, request.stop)
         watch = Stopwatch(stats.seconds)
-        self.target.reset()
-        self.target.prefill(prompt[:-1])
+        if request.reuse:
+            stats.reused_tokens = self.target.keep_prefix(prompt[:-1])
+        else:
+            self.target.reset()
+        stats.context_size = self.target.model.n_ctx
+        self.target.prefill(prompt[stats.reused_tokens:-1])
         for d in self.stages:
             d.begin(prompt)
         watch.lap("prefill")

@@ -537,6 +537,26 @@ class LlamaModel:
             self.seq_cp(seq, 0, -1, -1)
             self.seq_rm(seq, -1, -1)
 
+    def seq_state(self, seq: int = 0) -> np.ndarray:
+        """[bytes] llama.cpp's state of sequence `seq`: its cells' keys and values (a copy)."""
+        size = lc.llama_state_seq_get_size(self._ctx, seq)
+        buf = np.empty(size, np.uint8)
+        got = lc.llama_state_seq_get_data(self._ctx, buf.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)),
+                                          size, seq)
+        return buf[:got]
+
+    def set_seq_state(self, state: np.ndarray, seq: int = 0) -> bool:
+        """Load `seq_state`'s bytes into sequence `seq` (empty before); False where llama.cpp
+        refuses them (another model's, or no room)."""
+        state = np.ascontiguousarray(state, np.uint8)
+        return lc.llama_state_seq_set_data(self._ctx, state.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)),
+                                           state.size, seq) > 0
+
+    def trim(self, keep: int) -> bool:
+        """Drop every cell at position `keep` or later, in every sequence; False where the memory
+        cannot drop part of a sequence (llama.cpp's recurrent caches), which is then unchanged."""
+        return bool(lc.llama_memory_seq_rm(self._mem, -1, keep, -1))
+
     def clear(self) -> None:
         lc.llama_memory_clear(self._mem, True)
 

@@ -17,8 +17,9 @@ from typing import Callable, Iterator, Sequence
 
 from .build import build, check_head_path, load_head, with_head  # noqa: F401  (load_head, check_head_path: the API)
 from .calibrate import Progress, write_json
-from .chat import render_chat
+from .chat import chat_tokens
 from .config import GenerationRequest, SamplingParams
+from .conversation import Fitted, fit, reply_room
 from .generation import Event, Generation, finish
 from .native import switched
 from .options import Options
@@ -53,30 +54,39 @@ class Session:
     def chat_prompt(self, messages: Sequence[dict],
                     should_stop: Callable[[], bool] | None = None) -> list[int]:
         """The chat template's prompt for `messages` (should_stop: see render_chat)."""
-        m = self.model
-        text = render_chat(m.meta("tokenizer.chat_template"), messages,
-                           bos_token=m.token_text(m.special_token("bos")),
-                           eos_token=m.token_text(m.special_token("eos")), model=m.path.name,
-                           should_stop=should_stop)
-        return m.tokenize(text, special=True)
+        return chat_tokens(self.model, messages, should_stop)
+
+    def fit_chat(self, messages: Sequence[dict], max_tokens: int | None = None,
+                 left_out: Sequence[dict] = (),
+                 should_stop: Callable[[], bool] | None = None) -> Fitted:
+        """The chat prompt for `messages` with room for a reply of max_tokens, leaving out the
+        oldest messages where the conversation outgrew the context (engine/conversation.py;
+        left_out: the last turn's Fitted.left_out)."""
+        n_ctx = self.model.n_ctx
+        room = n_ctx - reply_room(n_ctx, self.cfg.max_tokens if max_tokens is None else max_tokens)
+        return fit(messages, lambda m: self.chat_prompt(m, should_stop), room, left_out)
 
     def raw_prompt(self, text: str) -> list[int]:
         return self.model.tokenize(text, special=False)
 
     def generate(self, tokens: Sequence[int], *, max_tokens: int | None = None,
                  sampling: SamplingParams | None = None, stop: Sequence[str] = (),
-                 should_stop: Callable[[], bool] | None = None) -> Iterator[Event]:
+                 should_stop: Callable[[], bool] | None = None, reuse: bool = False) -> Iterator[Event]:
         """Stream Rounds, then one Finished with the Generation (see Engine.generate for
-        should_stop). max_tokens and sampling default to the options'."""
+        should_stop). max_tokens and sampling default to the options'. reuse: start from what the
+        caches hold of the last generation's tokens (a conversation's next turn; GenerationRequest)."""
         request = GenerationRequest(tuple(tokens),
                                     self.cfg.max_tokens if max_tokens is None else max_tokens,
-                                    self.cfg.sampling if sampling is None else sampling, tuple(stop))
+                                    self.cfg.sampling if sampling is None else sampling, tuple(stop),
+                                    reuse)
         return switched(self._built.loaded.numerics, self.engine.generate(request, should_stop))
 
     def run(self, tokens: Sequence[int], *, max_tokens: int | None = None,
-            sampling: SamplingParams | None = None, stop: Sequence[str] = ()) -> Generation:
+            sampling: SamplingParams | None = None, stop: Sequence[str] = (),
+            reuse: bool = False) -> Generation:
         """Generate to the end without streaming."""
-        return finish(self.generate(tokens, max_tokens=max_tokens, sampling=sampling, stop=stop))
+        return finish(self.generate(tokens, max_tokens=max_tokens, sampling=sampling, stop=stop,
+                                    reuse=reuse))
 
     def learn(self, conversation_id: str, tokens: Sequence[int]) -> None:
         """Feed a finished exchange (the whole conversation's tokens) to the personal drafter."""

@@ -44,6 +44,8 @@ class StageStats:
 class DecodeStats:
     stages: list[StageStats]
     prompt_tokens: int = 0
+    reused_tokens: int = 0          # of the prompt, kept in the cache from the last generation
+    context_size: int = 0           # the target's context in tokens (what the prompt and reply share)
     tokens: int = 0
     target_calls: int = 0
     drafted_tokens: int = 0         # emitted tokens that came from drafts
@@ -83,7 +85,8 @@ class DecodeStats:
         return self.tokens / self.target_calls if self.target_calls else 0.0
 
     def to_dict(self) -> dict:
-        return {"prompt_tokens": self.prompt_tokens, "tokens": self.tokens,
+        return {"prompt_tokens": self.prompt_tokens, "reused_tokens": self.reused_tokens,
+                "context_size": self.context_size, "tokens": self.tokens,
                 "target_calls": self.target_calls, "pruned": self.pruned, "redecoded": self.redecoded,
                 "tokens_per_call": round(self.tokens_per_call, 3),
                 "tokens_per_second": round(self.tokens_per_second, 2),
@@ -92,7 +95,9 @@ class DecodeStats:
 
     def summary(self) -> str:
         lines = [f"{self.tokens} tokens in {self.decode_seconds:.2f}s = {self.tokens_per_second:.1f} tok/s "
-                 f"(prompt {self.prompt_tokens} tokens, prefill {self.seconds['prefill']:.2f}s)",
+                 f"(prompt {self.prompt_tokens} tokens"
+                 + (f", {self.reused_tokens} of them kept from the last reply" if self.reused_tokens else "")
+                 + f", prefill {self.seconds['prefill']:.2f}s)",
                  f"target calls {self.target_calls}, tokens per call {self.tokens_per_call:.2f}"
                  + (f", drafted nodes pruned before verification {self.pruned}" if self.pruned else "")
                  + (f", accepted tokens decoded again (exact numerics) {self.redecoded}"

@@ -22,6 +22,12 @@ change the sums. There a commit keeps only the batch's accepted prefix in place 
 cells in order after the context, and every cell after them goes, leaving no hole); accepted
 nodes behind a rejected row are decoded again at the head of the next batch (`_pending`), their
 logits already known and their KV recomputed bit for bit.
+
+Across generations. The target remembers the tokens sequence 0 holds (`tokens`): a conversation's
+next turn starts with the whole of the last one, so `keep_prefix` keeps the longest common prefix
+and drops every cell after it, in every sequence, and only the new tokens are prefilled. With exact
+numerics the kept cells are the context's in position order (the commits above leave no hole), and
+the dropped tail frees the cells after them, where the next batch goes.
 """
 from __future__ import annotations
 
@@ -31,6 +37,7 @@ import numpy as np
 
 from .errors import LocalspecError
 from .llama_model import EXACT_MAX_ROWS, LlamaModel
+from .prefix import common_prefix
 from .tree import DraftTree, TreeLayout
 
 
@@ -51,6 +58,7 @@ class Target:
         self._row0 = 0                       # batch row of the tree's root in the last verify
         self.redecoded = 0                   # pending tokens decoded since the last reset
         self._tagged = np.zeros(model.n_seq_max, np.int64)   # [seq] context positions it holds
+        self._tokens: list[int] = []         # every committed token: the cache's n_past, then pending
 
     @property
     def vocab_size(self) -> int:
@@ -70,15 +78,50 @@ class Target:
         """Exact numerics: accepted tokens to decode again at the head of the next batch."""
         return len(self._pending)
 
+    @property
+    def tokens(self) -> list[int]:
+        """The tokens the cache holds, positions 0..n_past-1 of sequence 0 (a copy)."""
+        return self._tokens[:self.n_past]
+
     def reset(self) -> None:
         self.model.clear()
-        self.n_past = 0
+        self._forget(0)
+
+    def keep_prefix(self, context: Sequence[int]) -> int:
+        """Keep the cache's longest prefix that `context` starts with and drop everything after
+        it (tree tags, exact mode's pending tokens); returns how many tokens were kept, from which
+        `prefill` goes on. The tail is dropped whatever the bookkeeping says (a decode cut off by
+        Ctrl+C leaves cells past n_past); a cache that cannot drop one (llama.cpp refuses) is
+        cleared."""
+        keep = common_prefix(self._tokens[:self.n_past], context)
+        if not self.model.trim(keep):
+            self.reset()
+            return 0
+        self._forget(keep)
+        return keep
+
+    def load_state(self, tokens: Sequence[int], state: np.ndarray) -> bool:
+        """Replace the cache with a saved sequence 0 (`model.seq_state`) that holds `tokens`;
+        False, and an empty cache, where llama.cpp refuses it or it does not hold them."""
+        self.reset()
+        if (len(tokens) >= self.model.n_ctx or not self.model.set_seq_state(state, 0)
+                or self.model.seq_pos_max(0) != len(tokens) - 1):
+            self.reset()
+            return False
+        self._tokens = [int(t) for t in tokens]
+        self.n_past = len(tokens)
+        return True
+
+    def _forget(self, keep: int) -> None:
+        """The bookkeeping of a cache that holds positions 0..keep-1 of sequence 0 and nothing else."""
+        del self._tokens[keep:]
+        self.n_past = keep
         self._layout = None
         self._hidden_at = -1
         self._new = None
         self._pending = []
         self.redecoded = 0
-        self._tagged[:] = 0
+        np.minimum(self._tagged, keep, out=self._tagged)
 
     def prefill(self, tokens: Sequence[int]) -> None:
         """Evaluate committed tokens (not the root) into sequence 0, after any pending ones."""
@@ -88,6 +131,7 @@ class Target:
                                  f"{need} tokens, context holds {self.model.n_ctx}",
                                  "Shorten the prompt, or raise the context with --ctx "
                                  f"(the model was trained for {self.model.n_ctx_train})")
+        self._tokens += [int(t) for t in tokens]
         tokens = self._pending + list(tokens)
         self.redecoded += len(self._pending)
         self._pending = []
@@ -169,6 +213,7 @@ class Target:
         self._hidden_at = k + last      # tree node i is batch row k + i
         self._new = (self.n_past + k, k + np.asarray([0, *path]))
         self._layout = None
+        self._tokens += [int(tree.tokens[node]) for node in (0, *path)]
         if self._alone:   # a root decoded alone in sequence 0, unpadded: nothing to roll back
             self.n_past += k + 1
             return

@@ -27,6 +27,7 @@ from ..config import DraftLimits, SamplingParams
 from ..distribution import Dist, process, top_dist
 from ..errors import LocalspecError
 from ..llama_model import LlamaModel
+from ..prefix import common_prefix
 from ..tree import DraftTree
 from .grow import GrowLimits, grow
 
@@ -78,9 +79,15 @@ class LlamaDraft:
             raise LocalspecError("Prompt is longer than the draft's context",
                                  f"{len(context)} tokens, draft context {self.model.n_ctx}",
                                  "Shorten the prompt or raise --ctx")
-        self.model.clear()
+        self.rollback()
+        # the cache's part that this context starts with stays (a conversation's next turn);
+        # the root is never cached before its round
+        keep = common_prefix(self._context[:self._cached], context[:-1])
+        if not self.model.trim(keep):
+            self.model.clear()
+            keep = 0
         self._context = list(context)
-        self._cached = 0
+        self._cached = keep
         self._forget_tree()
 
     def propose(self, tree: DraftTree, stage: int, budget: int, sampling: SamplingParams,

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from ..config import SamplingParams
+from ..prefix import common_prefix
 from ..tree import DraftTree
 
 if TYPE_CHECKING:
@@ -55,9 +56,25 @@ class MaxGram:
         self._follow: dict[tuple[int, ...], list[int]] = {}  # n-gram -> positions right after it
 
     def begin(self, context: Sequence[int]) -> None:
-        self._tokens = []
-        self._follow = {}
-        self.accept(context)
+        """Keep the index of the part of the last context this one starts with (a conversation's
+        next turn) and index the rest: a turn costs its new tokens, not the conversation's."""
+        keep = common_prefix(self._tokens, context)
+        self._truncate(keep)
+        self.accept(context[keep:])
+
+    def _truncate(self, keep: int) -> None:
+        """Forget the tokens from position `keep` on. Each position was appended last to its
+        n-grams' lists when it was indexed, so undoing positions newest first pops list tails."""
+        toks, follow = self._tokens, self._follow
+        min_n, max_n = self.limits.min_n, self.limits.max_n
+        for end in range(len(toks) - 1, keep - 1, -1):
+            for n in range(min_n, min(max_n, end) + 1):
+                key = tuple(toks[end - n:end])
+                starts = follow[key]
+                starts.pop()
+                if not starts:
+                    del follow[key]
+        del toks[keep:]
 
     def accept(self, tokens: Sequence[int]) -> None:
         toks, follow = self._tokens, self._follow

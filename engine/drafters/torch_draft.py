@@ -28,6 +28,7 @@ from ..distribution import (  # same probe width as the target's processing
     Dist,
 )
 from ..errors import LocalspecError
+from ..prefix import common_prefix
 from ..tree import DraftTree
 from .grow import GrowLimits, grow
 
@@ -153,8 +154,12 @@ class TorchDraft:
                 f"{len(context)} tokens, but the draft's KV cache holds {self.lm.max_len}",
                 "Load the draft with a larger max_len (TorchDraft.load(..., max_len=N)), "
                 "or start a new conversation")
-        self.context = [int(t) for t in context]
-        self.n_cached = 0  # old slots are overwritten before any mask points at them
+        context = [int(t) for t in context]
+        # slots hold positions: the part of the cache this context starts with stays (a
+        # conversation's next turn; never the root, fed with its round); later slots are
+        # overwritten before any mask points at them
+        self.n_cached = common_prefix(self.context[:self.n_cached], context[:-1])
+        self.context = context
         self._slot.clear()
         self._root_logits = None
 

@@ -46,3 +46,20 @@ def test_hint_is_the_length_of_the_suffix_looked_up():
 def test_no_match_shorter_than_min_n():
     assert propose([1, 2, 9, 1, 2]).n == 1
     assert propose([1, 2, 9, 1, 2], limits=MaxGramLimits(min_n=2)).n > 1
+
+
+def test_a_new_context_keeps_the_index_of_the_part_it_starts_with():
+    """begin() on a conversation's next turn (the old context extended), on an edited one (a
+    shared start, then other tokens) and on a shorter one leaves the index a fresh begin builds."""
+    rng = np.random.default_rng(1)
+    first = [int(t) for t in rng.integers(0, 6, 300)]      # a small alphabet: n-grams recur
+    for second in (first + [int(t) for t in rng.integers(0, 6, 80)],
+                   first[:150] + [int(t) for t in rng.integers(0, 6, 120)],
+                   first[:40]):
+        kept = MaxGram()
+        kept.begin(first)
+        kept.accept([3, 4, 5])                               # a reply's tokens, then the next turn
+        kept.begin(second)
+        fresh = MaxGram()
+        fresh.begin(second)
+        assert kept._tokens == fresh._tokens and kept._follow == fresh._follow
