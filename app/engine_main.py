@@ -3,8 +3,8 @@
 It reads JSON requests from stdin, one a line, and writes JSON events to its stdout, one a line.
 The first request is {"op": "open", "spec": Options}; the rest are generate / stop / learn /
 forget / exit. A thread reads stdin the whole time, so a stop reaches a running generation, which
-checks for it between rounds and closes its stream there (every generation resets the target, so
-the engine stays consistent). The protocol owns the real stdout: file descriptor 1 is pointed at
+checks for it between rounds and closes its stream there (the next generation keeps only the
+target's cache that its prompt starts with, so the engine stays consistent). The protocol owns the real stdout: file descriptor 1 is pointed at
 stderr, so anything llama.cpp or a library prints lands in the stderr file the parent quotes
 after a crash. Requests run one at a time, in order; an unexpected exception is a bug and ends
 the process with its traceback on stderr (the parent reports Crashed).
@@ -28,6 +28,8 @@ from localspec.engine.errors import LocalspecError
 from localspec.engine.generation import Finished, Round
 from localspec.engine.options import Options, check_values, sampling_of
 from localspec.engine.session import Session
+from localspec.engine.snapshots import Snapshots, snapshot_key
+from localspec.models.paths import data_dir
 
 from .engine_proc import Calibrating, Done, Error, Ready, Token, encode_event
 from .run_options import resolved
@@ -71,6 +73,11 @@ class Inbox:
 class Server:
     def __init__(self, session: Session, inbox: Inbox, out: IO[str]) -> None:
         self.session, self.inbox, self.out = session, inbox, out
+        self._left_out: tuple = ()   # what the last chat request left out of its conversation
+        self._dropped = 0            # how many messages that was
+        self._conversation: str | None = None   # whose tokens the target's cache holds
+        self.snapshots = Snapshots(data_dir() / "kv-cache", snapshot_key(session.model),
+                                   note=lambda line: print(line, file=sys.stderr))
 
     def send(self, event: Ready | Token | Done | Error) -> None:
         write_event(self.out, event)
@@ -86,6 +93,7 @@ class Server:
                 elif op == "learn":
                     self.session.learn(request["conversation"], self.session.chat_prompt(request["messages"]))
                 elif op == "forget":
+                    self.snapshots.forget(str(request["conversation"]))
                     forget(self.session, request["conversation"])
                 else:
                     raise LocalspecError("Unknown engine request", repr(op),
@@ -96,11 +104,23 @@ class Server:
 
     def generate(self, request: dict) -> None:
         rid = str(request["id"])
+        conversation = request.get("conversation")
         try:
             tokens, sampling, max_tokens = self._parse(request)
+            if conversation != self._conversation:
+                self._switch_to(conversation, tokens)
             self._stream(rid, tokens, sampling, max_tokens)
         finally:
             self.inbox.done(rid)
+        if conversation is not None:   # its reply is out: keep its cache for the next time
+            self.snapshots.save(conversation, self.session.engine.target)
+
+    def _switch_to(self, conversation: str | None, tokens: list[int]) -> None:
+        """Another conversation than the cache holds: its saved cache, where one holds more of
+        the prompt than the target's cache now does (engine/snapshots.py)."""
+        self._conversation = conversation
+        if conversation is not None:
+            self.snapshots.restore(conversation, self.session.engine.target, tokens[:-1])
 
     def _parse(self, request: dict) -> tuple[list[int], SamplingParams, int]:
         max_tokens = request["max_tokens"]
@@ -109,14 +129,17 @@ class Server:
         if "prompt" in request:
             if not request["prompt"]:
                 raise LocalspecError("Empty prompt", "the prompt is empty", "Pass some text")
+            self._dropped = 0
             return self.session.raw_prompt(request["prompt"]), sampling, max_tokens
         messages = _check_messages(request["messages"])
         if request.get("system"):
             messages = [{"role": "system", "content": request["system"]}, *messages]
         # Esc reaches a render too: the template renders in a worker that a stop ends
         rid = str(request["id"])
-        return (self.session.chat_prompt(messages, should_stop=lambda: self.inbox.stopped(rid)),
-                sampling, max_tokens)
+        fitted = self.session.fit_chat(messages, max_tokens, self._left_out,
+                                       should_stop=lambda: self.inbox.stopped(rid))
+        self._left_out, self._dropped = fitted.left_out, fitted.dropped
+        return fitted.tokens, sampling, max_tokens
 
     def _stream(self, rid: str, tokens: list[int], sampling: SamplingParams, max_tokens: int) -> None:
         """Send a Token per round whose text is final (the tokens of rounds whose text is still
@@ -132,8 +155,9 @@ class Server:
             pending_sources.clear()
 
         # A stop is asked for between rounds: the engine ends there and finishes with its statistics.
+        # reuse: the cache still holds the conversation's last turn, and this one starts with it
         stream = self.session.generate(tokens, max_tokens=max_tokens, sampling=sampling,
-                                       should_stop=lambda: self.inbox.stopped(rid))
+                                       should_stop=lambda: self.inbox.stopped(rid), reuse=True)
         for event in stream:
             match event:
                 case Round(text=text, tokens=toks, sources=sources):
@@ -146,6 +170,7 @@ class Server:
                         flush("")
                     stats = stats_dict(result.stats)
                     stats["wall_seconds"] = round(time.perf_counter() - t0, 4)
+                    stats["dropped_messages"] = self._dropped
                     self.send(Done(rid, result.finish_reason, result.text, stats))
 
 

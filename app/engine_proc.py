@@ -203,11 +203,14 @@ class EngineProcess:
     # ---- requests -------------------------------------------------------------------------------
     def generate(self, request_id: str, messages: list[dict], *, temperature: float = 0.0,
                  top_p: float = 0.95, top_k: int = 40, seed: int = 0, max_tokens: int = 512,
-                 system: str | None = None) -> None:
-        """Reply to chat messages [{"role", "content"}] through the model's chat template."""
+                 system: str | None = None, conversation: str | None = None) -> None:
+        """Reply to chat messages [{"role", "content"}] through the model's chat template.
+        conversation: its id, under which the engine keeps the conversation's cache between
+        turns and across restarts (engine/snapshots.py)."""
         self._send(request_id, {"op": "generate", "id": request_id, "messages": messages,
                                 "system": system, "temperature": temperature, "top_p": top_p,
-                                "top_k": top_k, "seed": seed, "max_tokens": max_tokens})
+                                "top_k": top_k, "seed": seed, "max_tokens": max_tokens,
+                                "conversation": conversation})
 
     def generate_raw(self, request_id: str, prompt: str, *, temperature: float = 0.0,
                      top_p: float = 0.95, top_k: int = 40, seed: int = 0, max_tokens: int = 512,

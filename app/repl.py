@@ -13,6 +13,7 @@ import time
 from typing import Iterator, TextIO
 
 from localspec.engine.config import SamplingParams
+from localspec.engine.errors import LocalspecError
 from localspec.engine.generation import Event, finish
 from localspec.engine.session import Session
 from localspec.engine.stats import DecodeStats
@@ -24,9 +25,12 @@ HELP = "Type a message and press Enter. /reset starts over, /stats shows the las
 
 def chat_loop(session: Session, sampling: SamplingParams, max_tokens: int,
               stdin: TextIO = sys.stdin, stdout: TextIO = sys.stdout) -> None:
-    """Chat on `stdin` (text, decoded by app/inputs.py's policy) until it ends or /quit; a line
-    longer than the context could hold ends the chat with a LocalspecError."""
+    """Chat on `stdin` (text, decoded by app/inputs.py's policy) until it ends or /quit. Each turn
+    prefills only what the cache does not hold yet; a conversation that outgrows the context goes
+    on without its oldest messages; a line longer than the context could hold in bytes ends the
+    chat with a LocalspecError (read_line), one too long in tokens is refused and the chat goes on."""
     history: list[dict] = []
+    left_out: tuple = ()          # the oldest messages the model no longer reads (engine/conversation.py)
     conversation = f"chat-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     last_stats = None
     print(HELP, file=stdout)
@@ -41,13 +45,25 @@ def chat_loop(session: Session, sampling: SamplingParams, max_tokens: int,
             continue
         if text == "/reset":
             history.clear()
+            left_out = ()
             print("(conversation cleared)", file=stdout)
             continue
         if text == "/stats":
             print(last_stats.summary() if last_stats else "(no reply yet)", file=stdout)
             continue
         history.append({"role": "user", "content": text})
-        stream = session.generate(session.chat_prompt(history), max_tokens=max_tokens, sampling=sampling)
+        try:
+            fitted = session.fit_chat(history, max_tokens, left_out)
+        except LocalspecError as err:    # this message alone outgrows the context: not sent
+            history.pop()
+            print(f"{err.title}: {err.cause}. {err.fix}", file=stdout)
+            continue
+        if fitted.dropped > len(left_out):
+            print(f"(the conversation outgrew the context: the model now reads it without its "
+                  f"{fitted.dropped} oldest messages)", file=stdout)
+        left_out = fitted.left_out
+        # reuse: the cache holds the last turn, which this prompt starts with
+        stream = session.generate(fitted.tokens, max_tokens=max_tokens, sampling=sampling, reuse=True)
         reply, stats = stream_reply(stream, stdout)
         if stats is not None:
             last_stats = stats

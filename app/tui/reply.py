@@ -64,7 +64,7 @@ class ReplyStream:
         seed = s.seed if s.seed is not None else secrets.randbelow(2**31)
         self.app.engine_call("generate", self.reply.request_id, chat, temperature=s.temperature,
                              top_p=s.top_p, top_k=s.top_k, seed=seed, max_tokens=s.max_tokens,
-                             system=s.system_prompt or None)
+                             system=s.system_prompt or None, conversation=conv.id)
 
     @reported
     async def action_stop(self: ChatScreen) -> None:
@@ -107,6 +107,11 @@ class ReplyStream:
         elif isinstance(event, Token):
             await self.on_token(event)
         elif isinstance(event, Done):
+            dropped = (event.stats or {}).get("dropped_messages", 0)
+            if dropped > (self.last_stats or {}).get("dropped_messages", 0):
+                self.app.notify(f"The model now reads this conversation without its {dropped} "
+                                "oldest messages (they are kept here and in the history)",
+                                title="The conversation outgrew the context", timeout=10)
             self.last_stats = event.stats
             await self.finish("stopped" if event.finish_reason == "stopped" else "complete",
                               event.text, event.stats, CUT_NOTES.get(event.finish_reason, ""))

@@ -36,3 +36,25 @@ def test_chat_learns_and_personal_drafter_stays_exact(tiny, tmp_path, monkeypatc
     finally:
         session.close()
         plain.close()
+
+
+def test_a_chat_longer_than_the_context_keeps_going_without_its_oldest_turns(tiny, tmp_path, monkeypatch):
+    """Line mode with a small context: the conversation outgrows it, the chat says so and goes on
+    (the system prompt kept, the oldest turns left out), each later turn keeping the cache of
+    the last; a single message too long for the context is refused and the chat goes on."""
+    monkeypatch.setenv("LOCALSPEC_DATA_DIR", str(tmp_path))
+    session = Session(Options(tiny.target_gguf, personal=False, n_ctx=256, n_threads=1,
+                              budget=TreeBudget(max_nodes=8)))
+    try:
+        lines = [f"Write a function number {i} that adds {i} to a number and explain it." for i in range(12)]
+        lines.insert(6, "word " * 300)                      # alone longer than the context
+        out = io.StringIO()
+        chat_loop(session, SamplingParams(), 24, stdin=io.StringIO("\n".join(lines + ["/stats", "/quit"]) + "\n"),
+                  stdout=out)
+        text = out.getvalue()
+        assert "the conversation outgrew the context" in text, text
+        assert "Message longer than the context" in text
+        assert text.count("\n> ") == len(lines) + 2          # every line answered, then /stats, /quit
+        assert "kept from the last reply" in text            # the last turn reused the cache
+    finally:
+        session.close()

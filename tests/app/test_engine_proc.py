@@ -297,3 +297,43 @@ def test_a_context_too_small_for_the_tree_is_an_error_each_time_not_an_abort(tin
             assert_exited_cleanly(engine)
     finally:
         engine.close()
+
+
+def test_a_conversations_cache_outlives_the_engine_process(tiny, tmp_path, monkeypatch):
+    """The engine saves a conversation's cache when its reply ends; a new engine process (an app
+    restart) loads it for that conversation's next turn and prefills only the new messages, with
+    the reply a fresh prefill gives; deleting the conversation deletes its cache."""
+    monkeypatch.setenv("LOCALSPEC_DATA_DIR", str(tmp_path))
+    spec = Options(model=str(tiny.target_gguf), n_ctx=1024, personal=False, use_draft=False)
+    first = EngineProcess(spec)
+    first.start()
+    try:
+        ready(first)
+        first.generate("t1", CHAT, max_tokens=32, conversation="conv-a")
+        _, done = reply(first, "t1")
+    finally:
+        first.close()
+    saved = list((tmp_path / "kv-cache").glob("*/*.kv"))
+    assert len(saved) == 1
+    turn2 = CHAT + [{"role": "assistant", "content": done.text},
+                    {"role": "user", "content": "Now make it return the smallest one."}]
+    session = Session(Options(model=tiny.target_gguf, speculation=False, n_ctx=1024))
+    try:
+        want = session.run(session.chat_prompt(turn2), max_tokens=32)
+    finally:
+        session.close()
+    second = EngineProcess(spec)
+    second.start()
+    try:
+        ready(second)
+        second.generate("t2", turn2, max_tokens=32, conversation="conv-a")
+        _, done2 = reply(second, "t2")
+        assert done2.stats["reused_tokens"] >= done.stats["prompt_tokens"] - 1
+        assert done2.text == want.text
+        second.forget("conv-a")
+        deadline = time.monotonic() + 30
+        while saved[0].exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not saved[0].exists()
+    finally:
+        second.close()
