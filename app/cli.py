@@ -85,6 +85,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
     given(args)   # a bad value is refused before the history, the screen or the engine opens
     if not args.line:
+        _need_terminal()
         from localspec.app.tui.launch import run_chat
 
         return run_chat(args)
@@ -102,6 +103,22 @@ def cmd_chat(args: argparse.Namespace) -> int:
     finally:
         session.close()
     return 0
+
+
+def _need_terminal() -> None:
+    """The chat screen reads keys from stdin and draws on stderr (Textual's driver), so both must
+    be a terminal. Given a pipe, a file or /dev/null instead, it would spin on an input that never
+    blocks, or draw where nobody sees it, until killed: refused at once, naming line mode, the chat
+    for those. stdout is free: nothing of the screen goes there (`localspec chat > log` works)."""
+    from localspec.engine.errors import LocalspecError
+
+    missing = [name for fd, name in ((0, "stdin"), (2, "stderr")) if not os.isatty(fd)]
+    if missing:
+        raise LocalspecError("The chat screen needs a terminal",
+                             f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not "
+                             "a terminal (a pipe, a file or /dev/null)",
+                             "Run it in a terminal, or chat on stdin and stdout in line mode: "
+                             "localspec chat --line --model NAME|FILE.gguf")
 
 
 def cmd_generate(args: argparse.Namespace) -> int:

@@ -23,15 +23,16 @@ ALT_SCREEN_OFF = b"\x1b[?1049l"      # what restoring the terminal writes last
 
 
 class Terminal:
-    """`localspec chat ARGS` on a pseudo-terminal of 100x30; what it wrote so far in `output`."""
+    """`localspec chat ARGS` on a pseudo-terminal of 100x30; what it wrote so far in `output`.
+    `popen`: Popen's arguments over these (another stdout, a preexec_fn)."""
 
-    def __init__(self, *args: str) -> None:
+    def __init__(self, *args: str, **popen) -> None:
         self.master, slave = os.openpty()
         fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 100, 0, 0))
         env = {**os.environ, "TERM": "xterm-256color", "COLUMNS": "100", "LINES": "30"}
         self.proc = subprocess.Popen([sys.executable, "-m", "localspec.app.cli", "chat", *args],
-                                     stdin=slave, stdout=slave, stderr=slave, env=env,
-                                     start_new_session=True)
+                                     **{"stdin": slave, "stdout": slave, "stderr": slave,
+                                        "env": env, "start_new_session": True, **popen})
         os.close(slave)
         self.output = b""
 
