@@ -158,8 +158,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def write_flushed(piece: str) -> None:
-    """Stream a piece of text to stdout as it arrives."""
-    sys.stdout.write(piece)
+    """Stream a piece of a model's text to stdout as it arrives, its control characters shown,
+    never sent (app/terminal.py)."""
+    from .terminal import printable
+
+    sys.stdout.write(printable(piece))
     sys.stdout.flush()
 
 

@@ -1,7 +1,9 @@
 """How a command ends: one place that turns whatever stops a command into an exit status and a
 message, so that no path ends in a raw traceback.
 
-* A LocalspecError (a cause the user can fix) prints title / cause / fix: exit 2.
+* A LocalspecError (a cause the user can fix) prints title / cause / fix: exit 2. Every
+  message goes through app/terminal.py's `printable`: it may quote an argument or a file name,
+  whose control characters must not reach the terminal.
 * Ctrl+C at any moment, model loading included, prints "interrupted": exit 130. Before
   `run_command` runs (the command line still importing), an uncaught KeyboardInterrupt ends the
   same way through `quiet_uncaught_interrupts`, installed when localspec.app is imported. llama.cpp calls
@@ -29,6 +31,8 @@ import threading
 import time
 import traceback
 from typing import Callable
+
+from .terminal import printable
 
 EXIT_ERROR = 2
 EXIT_INTERRUPTED = 130          # 128 + SIGINT, what shells report for Ctrl+C
@@ -134,8 +138,10 @@ def _fail(message: str) -> int:
 
 
 def _say(message: str) -> None:
+    """Print `message` to stderr, its control characters shown, not sent: a message quotes
+    arguments, file and model names, which may hold any (app/terminal.py)."""
     try:
-        print(message, file=sys.stderr, flush=True)
+        print(printable(message), file=sys.stderr, flush=True)
     except OSError:
         pass   # stderr is gone too: the exit status is all that is left to say it
 

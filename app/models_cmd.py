@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .paths import looks_like_name
+from .terminal import show   # names, paths and a GGUF's own strings may hold controls
 
 if TYPE_CHECKING:
     from localspec.models import library
@@ -59,19 +60,19 @@ def cmd_pull(args: argparse.Namespace) -> int:
                      torch_draft=args.torch_draft)
     done = pull.already_installed(plan)
     if done is not None:
-        print(f"{done.name} is already installed ({done.target.path.parent}); nothing to do. "
-              f"Use it with: {use_with(done)}")
+        show(f"{done.name} is already installed ({done.target.path.parent}); nothing to do. "
+             f"Use it with: {use_with(done)}")
         return 0
     try:
         model = pull.pull(plan)
     except KeyboardInterrupt:
-        print("\npull stopped; what arrived is kept: run the same command again to resume",
-              file=sys.stderr)
+        show("\npull stopped; what arrived is kept: run the same command again to resume",
+             file=sys.stderr)
         raise
     draft = f" with draft {model.draft.path.name}" if model.draft else ""
-    print(f"Pulled {model.name}: {model.target.path.name}{draft} ({_size(model.size)}, "
-          f"{model.quantization}, every file verified against the hub's hashes) into {model.target.path.parent}. "
-          f"Use it with: {use_with(model)}")
+    show(f"Pulled {model.name}: {model.target.path.name}{draft} ({_size(model.size)}, "
+         f"{model.quantization}, every file verified against the hub's hashes) into {model.target.path.parent}. "
+         f"Use it with: {use_with(model)}")
     return 0
 
 
@@ -94,8 +95,8 @@ def cmd_import(args: argparse.Namespace) -> int:
     model = library.import_model(name, target, args.draft, copy=args.copy)
     how = f"copied into {library.store_dir()}" if args.copy else "referenced in place"
     draft = f" with draft {model.draft.path.name}" if model.draft else ""
-    print(f"Imported {model.name}: {model.target.path.name}{draft} ({_size(model.size)}, "
-          f"{model.quantization}, {how}). Use it with: {use_with(model)}")
+    show(f"Imported {model.name}: {model.target.path.name}{draft} ({_size(model.size)}, "
+         f"{model.quantization}, {how}). Use it with: {use_with(model)}")
     return 0
 
 
@@ -115,30 +116,30 @@ def cmd_list(args: argparse.Namespace) -> int:
     rows = library.list_models()
     waiting = library.unfinished_downloads()
     if waiting:
-        print(f"{len(waiting)} unfinished download(s), {_size(sum(p.stat().st_size for p in waiting))}"
-              f" in {library.downloads_dir()}: the same `localspec pull` resumes them "
-              "(or delete them)")
+        show(f"{len(waiting)} unfinished download(s), {_size(sum(p.stat().st_size for p in waiting))}"
+             f" in {library.downloads_dir()}: the same `localspec pull` resumes them "
+             "(or delete them)")
     if not rows:
-        print(f"No models installed ({library.store_dir()}). Add one with: "
-              "localspec pull NAME, or localspec import NAME FILE.gguf")
+        show(f"No models installed ({library.store_dir()}). Add one with: "
+             "localspec pull NAME, or localspec import NAME FILE.gguf")
         return 0
     free = fit.free_memory()
     vram = _size(free.vram) if free.vram is not None else "none seen (no nvidia-smi)"
     ram = _size(free.ram) if free.ram is not None else "unknown"
-    print(f"free: VRAM {vram}, RAM {ram}. NEED = files + {fit.CONTEXT}-token f16 KV cache "
-          f"+ {_size(fit.SCRATCH)} runtime")
-    print(f"{'NAME':<24} {'SIZE':>9} {'NEED':>9}  {'QUANT':<8} {'FIT':<13} WHERE")
+    show(f"free: VRAM {vram}, RAM {ram}. NEED = files + {fit.CONTEXT}-token f16 KV cache "
+         f"+ {_size(fit.SCRATCH)} runtime")
+    show(f"{'NAME':<24} {'SIZE':>9} {'NEED':>9}  {'QUANT':<8} {'FIT':<13} WHERE")
     for row in rows:
         m = row.model
         fit_text = "missing file" if row.missing else row.fit
         need = _size(row.need) if row.need is not None else "?"
-        print(f"{m.name:<24} {_size(m.size):>9} {need:>9}  {m.quantization:<8} {fit_text:<13} "
-              f"{m.location}")
+        show(f"{m.name:<24} {_size(m.size):>9} {need:>9}  {m.quantization:<8} {fit_text:<13} "
+             f"{m.location}")
         parts = f" (+{len(m.target.parts)} parts)" if m.target.parts else ""
-        print(f"    target {m.target.path}{parts}")
+        show(f"    target {m.target.path}{parts}")
         kind = " (PyTorch)" if m.draft and m.draft.kind == "torch" else ""
-        print(f"    draft  {m.draft.path if m.draft else '-'}{kind}")
-        print(f"    head   {_head_line(row)}")
+        show(f"    draft  {m.draft.path if m.draft else '-'}{kind}")
+        show(f"    head   {_head_line(row)}")
     return 0
 
 
@@ -176,7 +177,7 @@ def cmd_rm(args: argparse.Namespace) -> int:
     head = (heads.remove_head(removed, {heads.installed_id(m.target.path)
                                         for m in library.installed().values()})
             if removed is not None else None)
-    print(f"Removed {model.name}{' and its draft head' if head else ''}{note}.")
+    show(f"Removed {model.name}{' and its draft head' if head else ''}{note}.")
     return 0
 
 

@@ -10,6 +10,7 @@ from localspec.models.paths import resolved
 
 from .inputs import decode, read_text_file
 from .paths import resolve_models
+from .terminal import show   # file paths and conversation names may hold control characters
 
 # A file this size already yields more n-gram rows (about four per token, a token being about four
 # bytes) than the store keeps (ngram_store.DEFAULT_MAX_ROWS): a bigger one only costs memory and
@@ -63,7 +64,7 @@ def cmd_ngram(args: argparse.Namespace) -> int:
                 raise LocalspecError("Unknown n-gram source", f"no {args.kind} named "
                                      f"'{args.name}' in {where}",
                                      "See the stored sources with: localspec ngram show")
-            print(f"Forgot {args.kind} '{args.name}' ({len(hits)} store(s)).")
+            show(f"Forgot {args.kind} '{args.name}' ({len(hits)} store(s)).")
             return 0
         infos = [s.info() for s in stores]
         summary = (f"{sum(i.n_sources for i in infos)} sources, "
@@ -98,14 +99,14 @@ def _confirm(question: str) -> bool:
 def _print_ngram_info(info) -> None:
     import time
 
-    print(f"{info.path}")
-    print(f"  vocabulary: {info.label or 'unknown model'} (key {info.key})")
+    show(f"{info.path}")
+    show(f"  vocabulary: {info.label or 'unknown model'} (key {info.key})")
     print(f"  size:       {info.n_sources} sources, {info.n_ngrams:,} n-grams of order 1-"
           f"{info.max_n} (cap {info.max_rows:,}), {info.bytes / 1024:,.0f} KiB on disk")
     print("  built from:" + ("" if info.sources else " nothing yet"))
     for s in info.sources:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(s.added_at))
-        print(f"    {s.kind:<12} {s.name:<40} {s.n_tokens:>9,} tokens  {when}")
+        show(f"    {s.kind:<12} {s.name:<40} {s.n_tokens:>9,} tokens  {when}")
 
 
 def _ngram_add_file(args: argparse.Namespace) -> int:
@@ -124,6 +125,6 @@ def _ngram_add_file(args: argparse.Namespace) -> int:
     with NgramStore.open(vocab_key(gguf), label=gguf.name) as store:
         store.add("file", str(path), tokens)
         info = store.info()
-    print(f"Added file {path}: {len(tokens):,} tokens. The store now holds {info.n_sources} "
-          f"sources, {info.n_ngrams:,} n-grams.")
+    show(f"Added file {path}: {len(tokens):,} tokens. The store now holds {info.n_sources} "
+         f"sources, {info.n_ngrams:,} n-grams.")
     return 0

@@ -19,6 +19,7 @@ from localspec.engine.session import Session
 from localspec.engine.stats import DecodeStats
 
 from .inputs import read_line
+from .terminal import printable
 
 HELP = "Type a message and press Enter. /reset starts over, /stats shows the last reply's statistics, /quit leaves."
 
@@ -79,7 +80,7 @@ def stream_reply(stream: Iterator[Event], stdout: TextIO) -> tuple[str, DecodeSt
 
     def show(piece: str) -> None:
         pieces.append(piece)
-        stdout.write(piece)
+        stdout.write(printable(piece))   # the model's text, never commands to the terminal
         stdout.flush()
 
     try:

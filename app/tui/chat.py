@@ -23,6 +23,7 @@ from textual.widgets import Footer, Input, ListView, Static
 
 from localspec.app.engine_proc import Ready
 from localspec.app.history import Conversation, History
+from localspec.app.terminal import printable
 
 from .conversations import ConversationList
 from .format import engine_line, stages_line
@@ -120,9 +121,10 @@ class ChatScreen(ConversationList, PromptActions, ReplyStream, HistoryFailure, S
                                                   self.last_stats, self.has_class("-sources"))
 
     def show_notice(self, text: str) -> None:
-        """Show `text` above the prompt; none: the read-only notice if the conversation is."""
+        """Show `text` above the prompt; none: the read-only notice if the conversation is. It
+        may quote file and model names and the engine's stderr: shown `printable`."""
         if not text and self.read_only:
             text = self.held_notice()
         notice = self.query_one("#notice", Static)
-        notice.update(text)
+        notice.update(printable(text))
         notice.display = bool(text)

@@ -20,6 +20,7 @@ from textual.containers import VerticalScroll
 from textual.widgets import Input, Label, ListItem, ListView
 
 from localspec.app.history import Message
+from localspec.app.terminal import printable
 
 from .dialogs import ConfirmScreen, TextPromptScreen
 from .history_failure import reported
@@ -37,7 +38,7 @@ class ConversationList:
         """The sidebar: every conversation, or those matching the search box."""
         view = self.query_one("#conversations", ListView)
         await view.clear()
-        await view.extend(ListItem(Label(c.title), name=c.id)
+        await view.extend(ListItem(Label(printable(c.title)), name=c.id)   # the user's own text
                           for c in self.history.search(self.query_one("#search", Input).value))
         self._highlight_current()
 

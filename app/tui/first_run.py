@@ -13,6 +13,7 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Footer, Label, ListItem, ListView, Static
 
+from localspec.app.terminal import printable
 from localspec.engine.errors import LocalspecError
 
 INTRO = """\
@@ -42,8 +43,8 @@ class FirstRunScreen(Screen):
     def compose(self) -> ComposeResult:
         with Vertical(classes="first-run"):
             if self.problem is not None:
-                yield Static(f"[b red]{self.problem.title}[/]\n  cause: {self.problem.cause}\n"
-                             f"  fix:   {self.problem.fix}", id="problem", markup=True)
+                yield Static(f"[b red]{self.problem.title}[/]\n  cause: {printable(self.problem.cause)}\n"
+                             f"  fix:   {printable(self.problem.fix)}", id="problem", markup=True)
             else:
                 yield Static("[b]No model is set up yet.[/b]", id="problem", markup=True)
             yield Static(INTRO, markup=True, classes="intro")
@@ -84,7 +85,7 @@ def _model_items() -> list[ListItem]:
         m = row.model
         draft = f" + draft {m.draft.path.name}" if m.draft else ""
         missing = "  MISSING FILES" if row.missing else ""
-        items.append(ListItem(Label(f"{m.name}  {m.size / 1e6:,.1f} MB  {m.quantization}  "
-                                    f"{row.fit}{draft}{missing}"), name=m.name,
+        items.append(ListItem(Label(printable(f"{m.name}  {m.size / 1e6:,.1f} MB  {m.quantization}  "
+                                              f"{row.fit}{draft}{missing}")), name=m.name,
                               disabled=bool(row.missing)))
     return items

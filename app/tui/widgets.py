@@ -11,6 +11,8 @@ from textual.message import Message
 from textual.widgets import Label, Markdown, Static, TextArea
 from textual.widgets.markdown import MarkdownStream
 
+from localspec.app.terminal import printable
+
 from .format import STATE_MARKS, source_style, speculation_summary
 
 NEWLINE_KEYS = ("shift+enter", "alt+enter", "ctrl+j")
@@ -41,7 +43,9 @@ class PromptInput(TextArea):
 
 class MessageView(Vertical):
     """One message: a header (who, and how a reply ended) and its text, as Markdown or, with token
-    colouring on, as plain text coloured by the drafter that proposed each streamed piece."""
+    colouring on, as plain text coloured by the drafter that proposed each streamed piece. The
+    text is shown `printable` (app/terminal.py): Textual passes ESC and most other control
+    characters through to the terminal, and a model's reply must not drive it."""
 
     def __init__(self, role: str, content: str = "", state: str = "complete",
                  segments: tuple[tuple[str, str], ...] | list = (), stats: dict | None = None,
@@ -54,7 +58,7 @@ class MessageView(Vertical):
 
     def compose(self):
         yield Label(self._header(), classes="msg-header")
-        yield Markdown(self.content, classes="msg-body")
+        yield Markdown(printable(self.content), classes="msg-body")
         yield Static(self._coloured(), classes="msg-sources")
 
     def _header(self) -> Text:
@@ -71,13 +75,13 @@ class MessageView(Vertical):
 
     def _coloured(self) -> Text:
         if not self.segments:
-            return Text(self.content)
+            return Text(printable(self.content))
         text = Text()
         for piece, source in self.segments:
-            text.append(piece, style=source_style(source))
+            text.append(printable(piece), style=source_style(source))
         shown = sum(len(p) for p, _ in self.segments)
         if shown < len(self.content):      # text the segments do not cover (a final flush)
-            text.append(self.content[shown:])
+            text.append(printable(self.content[shown:]))
         return text
 
     # ---- streaming ----------------------------------------------------------------------------
@@ -89,7 +93,7 @@ class MessageView(Vertical):
         self.segments.extend(segments)
         if self._stream is None:
             self._stream = Markdown.get_stream(self.query_one(".msg-body", Markdown))
-        await self._stream.write(piece)
+        await self._stream.write(printable(piece))
         if self.screen.has_class("-sources"):
             self.query_one(".msg-sources", Static).update(self._coloured())
 
@@ -101,7 +105,7 @@ class MessageView(Vertical):
             self._stream = None
         if content is not None and content != self.content:
             self.content = content
-            await self.query_one(".msg-body", Markdown).update(content)
+            await self.query_one(".msg-body", Markdown).update(printable(content))
         self.state, self.stats, self.note = state, stats, note
         self.query_one(".msg-header", Label).update(self._header())
         self.query_one(".msg-sources", Static).update(self._coloured())
@@ -116,7 +120,7 @@ class StatusBar(Static):
     anything of it)."""
 
     def show(self, engine: str, stages: str, stats: dict | None, sources_on: bool) -> None:
-        line = Text(engine, style="bold")
+        line = Text(printable(engine), style="bold")   # model file names
         line.append("\n")
         line.append(speculation_summary(stats, per_drafter=True) if stats else stages)
         if sources_on:

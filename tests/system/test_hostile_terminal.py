@@ -1,16 +1,85 @@
 """Hostile input, round two (issue 45): the terminal localspec writes to.
 
-The chat screen without a terminal ends at once, naming line mode, instead of spinning. Each case
-ends within its subprocess timeout.
+A model's output, an argument or a file name never drives the user's terminal: their control
+characters are shown (app/terminal.py), never sent. The tiny model, sampling near-uniformly over
+its byte-level vocabulary, emits raw control bytes (ESC, BEL, NUL, BS, ...) within a few dozen
+tokens. And the chat screen without a terminal ends at once, naming line mode, instead of
+spinning. Each case ends within its subprocess timeout.
 """
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import subprocess
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
-from test_hostile_cli import CLI, QUICK_S, assert_clean_error
+from test_hostile_cli import CLI, QUICK_S, assert_clean_error, assert_quiet_success, run_cli
+
+from localspec.app.terminal import printable
+
+# in UTF-8 output: a C0 control but tab and newline, DEL, or a C1 control
+RAW_CONTROL = re.compile(rb"[\x00-\x08\x0b-\x1f\x7f]|\xc2[\x80-\x9f]")
+PICTURE = re.compile("[\u2400-\u2421]")
+# near-uniform sampling over the whole vocabulary, plain decoding (no calibration first)
+NOISE = ["--temperature", "50", "--top-k", "0", "--top-p", "1", "--max-tokens", "120",
+         "--no-speculation"]
+SEEDS = range(1, 6)   # the first whose output holds a control character is the case
+
+
+def raw_controls(data: bytes) -> list[bytes]:
+    return RAW_CONTROL.findall(data)
+
+
+def test_generate_shows_the_models_control_characters(tiny):
+    """--json holds the text as the model wrote it (JSON escapes controls itself); the streamed
+    text is that text, each control shown as its picture."""
+    for seed in SEEDS:
+        args = ["generate", "hello", "--raw", "--model", str(tiny.target_gguf), *NOISE, "--seed", str(seed)]
+        as_json = run_cli(*args, "--json")
+        assert_quiet_success(as_json)
+        assert raw_controls(as_json.stdout) == []
+        text = json.loads(as_json.stdout)["text"]
+        if printable(text) != text:
+            break
+    else:
+        pytest.fail("no seed made the tiny model emit a control character")
+    streamed = run_cli(*args)
+    assert_quiet_success(streamed)
+    assert raw_controls(streamed.stdout) == []
+    assert streamed.stdout.decode() == printable(text) + "\n"
+
+
+@pytest.mark.parametrize("command", ["ask", "chat --line"])
+def test_ask_and_line_chat_show_control_characters(tiny, command):
+    for seed in SEEDS:
+        proc = run_cli(*command.split(), "--model", str(tiny.target_gguf), *NOISE, "--seed", str(seed),
+                       *(["hello"] if command == "ask" else []), stdin=b"hello\n/quit\n")
+        assert_quiet_success(proc)
+        assert raw_controls(proc.stdout) == [], proc.stdout
+        if PICTURE.search(proc.stdout.decode()):
+            return
+    pytest.fail("no seed made the tiny model emit a control character")
+
+
+def test_an_error_shows_the_control_characters_of_an_argument():
+    """A missing model's path is quoted in the error: an OSC title sequence in it is shown."""
+    proc = run_cli("generate", "hi", "--model", "/nowhere/\x1b]0;pwned\x07\x1b[8m.gguf", timeout=QUICK_S)
+    assert_clean_error(proc, "␛]0;pwned␇␛[8m")
+    assert raw_controls(proc.stderr) == []
+
+
+def test_import_and_list_show_the_control_characters_of_a_path(tiny, tmp_path):
+    model = tmp_path / "t\x1b[8m\x9b2J.gguf"       # hidden text, then the screen cleared
+    model.write_bytes(Path(tiny.target_gguf).read_bytes())
+    env = {**os.environ, "LOCALSPEC_DATA_DIR": str(tmp_path / "data")}
+    for args in (["import", "evil", str(model)], ["list"]):
+        proc = run_cli(*args, env=env, timeout=QUICK_S)
+        assert_quiet_success(proc)
+        assert raw_controls(proc.stdout) == [] and "t␛[8m␛[2J.gguf" in proc.stdout.decode()
 
 
 # ---- the chat screen without a terminal --------------------------------------------------------
@@ -53,3 +122,33 @@ def test_chat_screen_with_stdout_redirected_still_opens(tiny, tmp_path):
         finally:
             term.close()
     assert (tmp_path / "out").read_bytes() == b""
+
+
+# ---- the chat screen ---------------------------------------------------------------------------
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+@pytest.mark.anyio
+async def test_chat_screen_shows_the_replys_control_characters(tiny, tmp_path):
+    """Textual passes ESC and most other control characters through to the terminal: the reply is
+    shown `printable`, the history keeps what the model wrote."""
+    from textual.widgets import Markdown
+    from tui_support import replied, running_chat, type_and_send, wait_until
+
+    from localspec.app.tui.widgets import MessageView
+
+    async with running_chat(tiny, tmp_path, (100, 30), temperature=50.0, top_k=0, top_p=1.0,
+                            max_tokens=120) as (harness, pilot):
+        for seed in SEEDS:
+            harness.app.settings = replace(harness.app.settings, seed=seed)
+            await type_and_send(pilot, harness, "hello")
+            await wait_until(pilot, lambda: replied(harness), what="the reply")
+            reply = harness.history.messages(harness.chat.conversation.id)[-1].content
+            if printable(reply) != reply:
+                break
+        else:
+            pytest.fail("no seed made the tiny model emit a control character")
+        view = list(harness.chat.query(MessageView))[-1]
+        assert view.query_one(".msg-body", Markdown).source == printable(reply)
