@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from .native import (MULTICOL_MAX, MULTICOL_MIN, TILED_MIN, has_multicol_kernels,  # first: see native.py
+from .native import (CUDA_MMQ_WIDTHS, CUDA_MULTICOL_WIDTHS, MULTICOL_MAX,  # first: see native.py
+                     MULTICOL_MIN, TILED_MIN, has_cuda_width_switches, has_multicol_kernels,
                      has_tiled_min_switch, library_stamps, switches)
 
 import llama_cpp as lc
@@ -64,6 +65,18 @@ MULTICOL_GAIN = 0.95
 # ggml's vec_dot, and the floor was measured against that: on a Zen 4 EPYC ggml's paths took
 # 18-30% longer than the kernels at 17-48 rows (docs/decisions/0037)
 MULTICOL_WIDEST = 64
+# On a GPU with packaging/patches each batch width up to CUDA_WIDEST is served by the path that was
+# cheapest for it with the loaded model: ggml's own dispatch (its mat-vec up to 8 rows, mul_mat_q
+# from 9), the multi-column tensor-core kernels, or mul_mat_q where ggml would take its mat-vec.
+# No one crossover holds: the kernels beat mul_mat_q at 9-16 rows on the 1.5B reference and lost
+# to it there on a 32B shape (docs/decisions, cuda-dispatch-per-width). Each path is one setting of
+# the switches with every width it can take on it; a width is timed on each.
+CUDA_WIDEST = 16                      # the widest batch the kernels (and the switches' masks) take
+_ALL_WIDTHS = (1 << CUDA_WIDEST) - 1
+_MMQ_WIDTHS = range(2, 9)             # where ggml would take its mat-vec: mul_mat_q is another path
+CUDA_PATHS = {"ggml": {CUDA_MULTICOL_WIDTHS: "0", CUDA_MMQ_WIDTHS: "0"},
+              "multicol": {CUDA_MULTICOL_WIDTHS: str(_ALL_WIDTHS), CUDA_MMQ_WIDTHS: "0"},
+              "mmq": {CUDA_MULTICOL_WIDTHS: "0", CUDA_MMQ_WIDTHS: str(_ALL_WIDTHS)}}
 _NAMES = ("target", "draft")
 _KERNELS = {1: "multi-column kernels", 2: "ggml's kernels"}   # by GGML_CPU_MULTICOL_MIN
 
@@ -185,6 +198,54 @@ def one_row_kernels(models: Sequence[LlamaModel],
                 got = measure(models, [(1,)] * len(models), reps=1, announce=announce)
             seconds[side] = [min(s, curve.get(1, math.inf)) for s, curve in zip(seconds[side], got)]
     return (1 if seconds[1][0] < MULTICOL_GAIN * seconds[2][0] else 2), seconds
+
+
+@dataclass(frozen=True)
+class CudaWidths:
+    """Which path serves each batch width on a GPU (`cuda_widths`): the masks of widths on the
+    multi-column kernels and on mul_mat_q in place of ggml's mat-vec (bit n-1: n rows), the
+    seconds of each width on the path chosen, and on every path timed (path -> width -> seconds)."""
+
+    multicol: int
+    mmq: int
+    best: dict[int, float]
+    paths: dict[str, dict[int, float]]
+
+
+def cuda_widths(target: LlamaModel, top: int, step: Callable[[str], None] | None = None) -> CudaWidths:
+    """Each batch width 1..min(top, CUDA_WIDEST) timed on each path of CUDA_PATHS that can take
+    it (mul_mat_q as a path of its own at 2..8 rows only: from 9 it is ggml's own choice), and
+    the cheapest kept; a tie keeps ggml's. The paths take turns repetition by repetition, their
+    order reversed every other one, so that drift slows them alike; each path's fastest
+    repetition counts, as in `measure`. step(what) runs before each measured batch
+    (_REPS * `cuda_width_steps` calls). Leaves the target's cache empty."""
+    plan = _cuda_plan(target, top)
+    times: dict[str, dict[int, float]] = {name: {n: math.inf for n in widths} for name, widths in plan.items()}
+    for rep in range(_REPS):
+        for name in plan if rep % 2 == 0 else reversed(plan):
+            announce = None if step is None else (lambda _, n, name=name: step(f"target {_rows(n)} on {name}"))
+            with switches(CUDA_PATHS[name]):
+                got = measure([target], [plan[name]], reps=1, announce=announce)[0]
+            times[name] = {n: min(times[name][n], got[n]) for n in plan[name]}
+    multicol = mmq = 0
+    best = {}
+    for n in plan["ggml"]:
+        name = min((p for p in plan if n in plan[p]), key=lambda p: (times[p][n], p != "ggml"))
+        best[n] = times[name][n]
+        multicol |= (name == "multicol") << (n - 1)
+        mmq |= (name == "mmq") << (n - 1)
+    return CudaWidths(multicol, mmq, best, times)
+
+
+def _cuda_plan(target: LlamaModel, top: int) -> dict[str, list[int]]:
+    """The widths each path is timed at (CUDA_PATHS' order)."""
+    widths = measurable(target, range(1, min(top, CUDA_WIDEST) + 1))
+    return {"ggml": widths, "multicol": widths, "mmq": [n for n in widths if n in _MMQ_WIDTHS]}
+
+
+def cuda_width_steps(target: LlamaModel, top: int) -> int:
+    """The measured batches `cuda_widths` announces."""
+    return _REPS * sum(len(w) for w in _cuda_plan(target, top).values())
 
 
 def _tiled_sizes(curve: dict[int, float]) -> list[int]:
@@ -328,7 +389,9 @@ def calibrate(target: LlamaModel, draft: LlamaModel | None, max_nodes: int,
     (`measure_switch`); on a CPU with packaging/patches, ggml's tiled-matmul floor
     (`tiled_floor`, with the multi-column kernels taking up to MULTICOL_WIDEST rows below it) and
     whether one-row decodes take those kernels (`one_row_kernels`, the curves' one-row costs then
-    the chosen side's), all in `Costs.switches`. The cache file is
+    the chosen side's); on a GPU with packaging/patches, the path of each batch width up to
+    CUDA_WIDEST (`cuda_widths`, before the curves, which are measured under that choice and hold
+    every width it timed), all in `Costs.switches`. The cache file is
     read once; what is measured is added to it, each batch announced to `progress` first (nothing
     when everything is cached). The process's environment is left as it was."""
     top = max(2, max_nodes + 2)
@@ -337,9 +400,12 @@ def calibrate(target: LlamaModel, draft: LlamaModel | None, max_nodes: int,
     path = cache_path(models, cache_dir or default_cache_dir())
     cpu = target.n_gpu_layers == 0 and not exact_in_process()   # exact numerics pin both switches
     steer, one_row = cpu and has_tiled_min_switch(), cpu and has_multicol_kernels()
+    per_width = target.n_gpu_layers != 0 and has_cuda_width_switches()
     data = {} if refresh else read_json(path)
     widest = MULTICOL_WIDEST if one_row else None
     if data.get("multicol_max") != widest:   # measured under another bound of the kernels: all again
+        data = {}
+    if per_width and _cached_widths(data) is None:   # the curves follow the widths' choice: all again
         data = {}
     curves = _from_cache(models, wanted, data)
     if curves is None:
@@ -351,7 +417,8 @@ def calibrate(target: LlamaModel, draft: LlamaModel | None, max_nodes: int,
     measure_shape = (target.n_gpu_layers != 0 and top in target_sizes
                      and not isinstance(data.get("switch"), (int, float)))
     step = _Steps(progress, (0 if curves is not None else
-                             _REPS * sum(len(measurable(m, w)) for m, w in zip(models, wanted)))
+                             _REPS * sum(len(measurable(m, w)) for m, w in zip(models, wanted))
+                             + (cuda_width_steps(target, top) if per_width else 0))
                   + (_REPS * len(_tiled_sizes(target_sizes)) if measure_floor else 0)
                   + (2 * _REPS * sum(len(measurable(m, (1,))) for m in models) if measure_kernels else 0)
                   + (_SWITCH_PAIRS if measure_shape else 0))
@@ -359,10 +426,23 @@ def calibrate(target: LlamaModel, draft: LlamaModel | None, max_nodes: int,
     # a fresh curve is measured as ggml and the patches ship; what they lead to is returned, not left set
     shipped = (({TILED_MIN: str(TILED_FROM)} if steer else {})
                | ({MULTICOL_MIN: "2", MULTICOL_MAX: str(widest)} if one_row else {}))
+    # on a GPU each width's path is chosen first, and the curves (the draft's too: the switches are
+    # process-wide) are measured under that choice, with the widths the curves do not hold added
+    if curves is None and per_width:
+        chosen = cuda_widths(target, top, step)
+        shipped |= _cuda_switches({"multicol": chosen.multicol, "mmq": chosen.mmq})
+    elif per_width:
+        shipped |= _cuda_switches(_cached_widths(data))
     with switches(shipped):
         if curves is None:
             curves, data = _measured(models, wanted, path,
                                      lambda i, n: step(f"{_NAMES[i]} {_rows(n)}"))
+            if per_width:
+                curves[0] = chosen.best | curves[0]
+                data = {**data, "seconds": _as_json(curves), "cuda_widths": {
+                    "multicol": chosen.multicol, "mmq": chosen.mmq,
+                    "paths": {name: _as_json([c])[0] for name, c in chosen.paths.items()}}}
+                write_json(path, data)
         if steer:
             floor = data.get("tiled_min")
             if measure_floor:
@@ -380,10 +460,24 @@ def calibrate(target: LlamaModel, draft: LlamaModel | None, max_nodes: int,
                         "one_row": {str(k): v for k, v in one.items()},
                         "seconds": _as_json(curves)}
                 write_json(path, data)
-    switch = data.get("switch") if target.n_gpu_layers != 0 and top in target_sizes else 0.0
-    if measure_shape:
-        switch = measure_switch(target, top, curves[0], step=step)
-        data = {**data, "switch": switch}
-        write_json(path, data)
+        switch = data.get("switch") if target.n_gpu_layers != 0 and top in target_sizes else 0.0
+        if measure_shape:
+            switch = measure_switch(target, top, curves[0], step=step)
+            data = {**data, "switch": switch}
+            write_json(path, data)
+    masks = _cached_widths(data) if per_width else {}
     return Costs(curves[0], curves[1] if draft is not None else {}, path, float(switch), floor, kernels,
-                 widest)
+                 widest, masks.get("multicol"), masks.get("mmq"))
+
+
+def _cached_widths(data: dict) -> dict[str, int] | None:
+    """A cache object's choice of paths by width (`cuda_widths`' masks), None where it has none."""
+    masks = data.get("cuda_widths")
+    if not isinstance(masks, dict) or not all(isinstance(masks.get(k), int) for k in ("multicol", "mmq")):
+        return None
+    return {"multicol": masks["multicol"], "mmq": masks["mmq"]}
+
+
+def _cuda_switches(masks: dict[str, int]) -> dict[str, str]:
+    """The switches of a choice of paths by width."""
+    return {CUDA_MULTICOL_WIDTHS: str(masks["multicol"]), CUDA_MMQ_WIDTHS: str(masks["mmq"])}

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Sequence
 
 from .budget import Arm
-from .native import MULTICOL_MAX, MULTICOL_MIN, TILED_MIN
+from .native import CUDA_MMQ_WIDTHS, CUDA_MULTICOL_WIDTHS, MULTICOL_MAX, MULTICOL_MIN, TILED_MIN
 
 OPTIMISTIC = 0.9      # per-token acceptance assumed when asking "could this budget ever win?"
 
@@ -42,12 +42,18 @@ class Costs:
     # the most batch rows on the multi-column kernels that the curve and the floor were measured
     # with, likewise (calibrate.MULTICOL_WIDEST), None: the patch's own bound
     multicol_max: int | None = None
+    # on a GPU with packaging/patches, the batch widths (bit n-1: n rows, 1..16) the curve was
+    # measured with and decodes must run with on the CUDA multi-column kernels, and on ggml's
+    # mul_mat_q where ggml would take its mat-vec (`calibrate.cuda_widths`), None: the patch's own
+    cuda_multicol_widths: int | None = None
+    cuda_mmq_widths: int | None = None
 
     @property
     def switches(self) -> dict[str, str]:
         """The numerics switches (native.py) these costs hold under: what a session enters around
         its decodes (native.switched), never left set in the process."""
-        chosen = {TILED_MIN: self.tiled_min, MULTICOL_MIN: self.multicol_min, MULTICOL_MAX: self.multicol_max}
+        chosen = {TILED_MIN: self.tiled_min, MULTICOL_MIN: self.multicol_min, MULTICOL_MAX: self.multicol_max,
+                  CUDA_MULTICOL_WIDTHS: self.cuda_multicol_widths, CUDA_MMQ_WIDTHS: self.cuda_mmq_widths}
         return {key: str(value) for key, value in chosen.items() if value is not None}
 
     @cached_property
@@ -119,7 +125,9 @@ class Costs:
                "switch_ms": round(1e3 * self.switch, 2)}
         rows = {"ggml_tiled_min_rows": self.tiled_min, "multicol_min_rows": self.multicol_min,
                 "multicol_max_rows": self.multicol_max}
-        return out | {key: value for key, value in rows.items() if value is not None}
+        widths = {"cuda_multicol_widths": self.cuda_multicol_widths, "cuda_mmq_widths": self.cuda_mmq_widths}
+        return (out | {key: value for key, value in rows.items() if value is not None}
+                | {key: _widths(mask) for key, mask in widths.items() if mask is not None})
 
 
 def _rising(curve: dict[int, float]) -> dict[int, float]:
@@ -127,3 +135,8 @@ def _rising(curve: dict[int, float]) -> dict[int, float]:
     for n in sorted(curve):
         top = out[n] = max(top, curve[n])
     return out
+
+
+def _widths(mask: int) -> list[int]:
+    """The batch widths a per-width mask names (bit n-1: n rows)."""
+    return [n for n in range(1, mask.bit_length() + 1) if mask >> (n - 1) & 1]

@@ -22,8 +22,8 @@ llama.cpp is a shared library with process-wide state; five concerns touch it an
 * Numerics switches: packaging/patches' environment variables, read by ggml on every call,
   process-wide. `switches` sets them for a `with` block and puts back what was there; `switched`
   runs each step of a generation inside that block, so a session's numerics (calibration's
-  tiled-matmul floor and one-row kernels) hold around its decodes and are never left set for the
-  rest of the process.
+  tiled-matmul floor and one-row kernels; on a GPU its kernels per batch width) hold around its
+  decodes and are never left set for the rest of the process.
 """
 from __future__ import annotations
 
@@ -46,6 +46,11 @@ FA_SPLIT_KV = "GGML_CPU_FA_SPLIT_KV"  # packaging/patches: 0 keeps one query's K
 FA_ROWS = "GGML_CPU_FA_ROWS"  # packaging/patches: 0 keeps a verify's rows on ggml's per-row attention
 MULTICOL_MAX = "GGML_CPU_MULTICOL_MAX"  # packaging/patches: most batch rows on the multi-column kernels
 MULTICOL_MIN = "GGML_CPU_MULTICOL_MIN"  # packaging/patches: 1 puts one-row decodes on them too
+# packaging/patches (ggml-cuda-width-dispatch): bitmasks of batch widths 1..16 (bit n-1: n rows) that
+# take the CUDA multi-column kernels, and of widths 2..8 that take ggml's mul_mat_q instead of its
+# mat-vec; read at each graph's start and part of its CUDA graph's key
+CUDA_MULTICOL_WIDTHS = "GGML_CUDA_MULTICOL_WIDTHS"
+CUDA_MMQ_WIDTHS = "GGML_CUDA_MMQ_WIDTHS"
 
 
 # ---- the log ------------------------------------------------------------------------------------
@@ -145,6 +150,12 @@ def has_multicol_q8_0_kernels() -> bool:
     """Whether the multi-column kernels here also take Q8_0 rows and repacked Q4_0 (packaging/patches'
     second multicol patch; AVX-512 VNNI builds only)."""
     return has_marker("localspec_multicol_q8_0_switch")
+
+
+def has_cuda_width_switches() -> bool:
+    """Whether ggml's CUDA backend here takes its matmuls' kernels per batch width from
+    CUDA_MULTICOL_WIDTHS and CUDA_MMQ_WIDTHS (packaging/patches' ggml-cuda-width-dispatch)."""
+    return has_marker("localspec_cuda_widths_switch")
 
 
 def has_tiled_min_switch() -> bool:

@@ -34,7 +34,8 @@ os.environ["LOCALSPEC_CONFIG_DIR"] = tempfile.mkdtemp(prefix="localspec-test-con
 from tiny_models import TinyModels, build_tiny_models  # noqa: E402  (after the environment above)
 
 
-GGML_SWITCHES = ("GGML_CPU_TILED_MM_MIN", "GGML_CPU_FA_SPLIT_KV", "GGML_CPU_MULTICOL_MIN", "GGML_CPU_MULTICOL_MAX")
+GGML_SWITCHES = ("GGML_CPU_TILED_MM_MIN", "GGML_CPU_FA_SPLIT_KV", "GGML_CPU_MULTICOL_MIN", "GGML_CPU_MULTICOL_MAX",
+                 "GGML_CUDA_MULTICOL_WIDTHS", "GGML_CUDA_MMQ_WIDTHS")
 
 
 @pytest.fixture(autouse=True)

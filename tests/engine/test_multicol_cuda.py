@@ -53,14 +53,16 @@ pytestmark = pytest.mark.skipif(not ggml_cuda.available(),
 
 
 def _run(tmp: Path, kind: int, weights: np.ndarray, acts: np.ndarray, name: str,
-         bias: np.ndarray | None = None, **switches: str) -> dict:
+         bias: np.ndarray | None = None, mmq_widths: str | None = None, **switches: str) -> dict:
     """Every width's product in a process of its own, under the kernels' `switches` (GGML_CUDA_
-    MULTICOL_*), the kernels from 2 columns (by default they start where they beat ggml's: 6)."""
+    MULTICOL_*), the kernels from 2 columns (by default they start where they beat ggml's: 6);
+    mmq_widths: GGML_CUDA_MMQ_WIDTHS."""
     src, dst = tmp / f"in-{name}.npz", tmp / f"out-{name}.npz"
     extra = {} if bias is None else {"bias": bias}
     np.savez(src, kind=kind, weights=weights, acts=acts, **extra)
     env = {**os.environ, "GGML_CUDA_MULTICOL_MIN": "2",
-           **{f"GGML_CUDA_MULTICOL_{key.upper()}": value for key, value in switches.items()}}
+           **{f"GGML_CUDA_MULTICOL_{key.upper()}": value for key, value in switches.items()},
+           **({} if mmq_widths is None else {"GGML_CUDA_MMQ_WIDTHS": mmq_widths})}
     script = Path(ggml_cuda.__file__)
     subprocess.run([sys.executable, str(script), str(src), str(dst)], env=env, check=True,
                    cwd=script.parent)
@@ -97,6 +99,82 @@ def test_cuda_multicol_matches_ggml_at_every_width_and_columns_agree_across_widt
             assert err <= bound, f"{inflight} in flight, {n} columns: {err:.2e} of the output's scale from ggml's"
             if n >= 2:   # one column keeps ggml's kernel
                 assert np.array_equal(got, widest[:n]), f"a column's output changed at {n} columns"
+
+
+@pytest.mark.parametrize("kind", [Q4_K, Q6_K, Q8_0], ids=["Q4_K", "Q6_K", "Q8_0"])
+def test_cuda_widths_mask_sends_exactly_its_widths_to_the_kernels(tmp_path, kind):
+    """packaging/patches' ggml-cuda-width-dispatch: GGML_CUDA_MULTICOL_WIDTHS (bit n-1: n columns)
+    stands over MIN/MAX and names the kernels' widths, one row included; every other width gives
+    ggml's own product bit for bit, and a named width the kernels' product at every width."""
+    weights, acts = _inputs(kind, 1536, 200)
+    widths = {1, 3, 8, 9, 12, 16}
+    mask = sum(1 << (n - 1) for n in widths)
+    stock = _run(tmp_path, kind, weights, acts, "stock", max="0")
+    every = _run(tmp_path, kind, weights, acts, "every", widths=str((1 << COLS) - 1))
+    some = _run(tmp_path, kind, weights, acts, "some", widths=hex(mask), max="0")   # MAX=0 ignored
+    assert every["calls"] == COLS and some["calls"] == len(widths)
+    for n in range(1, COLS + 1):
+        assert np.array_equal(some[f"w{n}"], (every if n in widths else stock)[f"w{n}"]), f"{n} columns"
+
+
+@pytest.mark.parametrize("kind", [Q4_K, Q6_K])
+def test_cuda_mmq_widths_send_small_batches_to_mul_mat_q(tmp_path, kind):
+    """GGML_CUDA_MMQ_WIDTHS sends widths 2..8 to ggml's mul_mat_q instead of its mat-vec: their
+    products come out of mul_mat_q (Q4_K: its min term from the unquantized columns, so not the
+    mat-vec's bits; within TOLERANCE_MMQ of them), the kernels keep the widths both masks name,
+    and one column stays on the mat-vec."""
+    weights, acts = _inputs(kind, 1536, 200)
+    stock = _run(tmp_path, kind, weights, acts, "stock", max="0")
+    mmq = _run(tmp_path, kind, weights, acts, "mmq", widths=str(1 << 3), mmq_widths=str(0xFF))
+    assert mmq["calls"] == 1                       # width 4: both masks name it, the kernels take it
+    scale = float(np.abs(stock[f"w{COLS}"]).max())
+    assert np.array_equal(mmq["w1"], stock["w1"])
+    moved = [n for n in (2, 3, 5, 6, 7, 8) if not np.array_equal(mmq[f"w{n}"], stock[f"w{n}"])]
+    for n in range(2, 9):
+        assert float(np.abs(mmq[f"w{n}"] - stock[f"w{n}"]).max()) / scale <= TOLERANCE_MMQ, f"{n} columns"
+    if kind == Q4_K:
+        assert moved == [2, 3, 5, 6, 7, 8], "mul_mat_q did not take the widths the mask names"
+
+
+def test_cuda_graph_captured_under_one_width_choice_is_not_replayed_under_another(tmp_path):
+    """A model's decodes of one batch shape replay a CUDA graph from the third call on (no host
+    code runs, so the kernels' counter stands still). The width switches change between decodes:
+    a graph captured under one choice must not be replayed under the other (the choice is in
+    the graph's key), and going back replays the first choice's graph."""
+    import dev_scripts
+    from localspec.engine.llama_model import LlamaModel
+
+    synthetic = dev_scripts.load("synthetic_target")
+    root = Path(os.environ.get("LOCALSPEC_BENCH_MODELS", Path.home() / ".cache/localspec-bench"))
+    reference = root / "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
+    if not reference.is_file():
+        pytest.skip(f"needs the reference target's tokenizer: no {reference}")
+    path = tmp_path / "tiny.gguf"
+    synthetic.main(["--shape", "tiny", str(path), "--tokenizer-from", str(reference)])
+    model = LlamaModel(path, n_ctx=256, n_batch=64, n_seq_max=1, n_gpu_layers=-1)
+    n = 12
+    tokens, positions = (np.arange(n) * 31 + 5) % model.vocab_size, np.arange(16, 16 + n)
+
+    def decodes(mask: int, times: int = 4) -> tuple[int, np.ndarray]:
+        os.environ["GGML_CUDA_MULTICOL_WIDTHS"] = str(mask)   # conftest puts it back
+        before = ggml_cuda.kernel_calls()
+        for _ in range(times):
+            model.decode(tokens, positions)
+            logits = model.logits().copy()
+            model.seq_rm(0, 16, -1)
+        return ggml_cuda.kernel_calls() - before, logits
+
+    try:
+        model.prefill(list(range(100, 116)), 0)
+        none, off = decodes(0)
+        taken, on = decodes(1 << (n - 1))
+        again, back = decodes(0)
+        assert none == 0 and again == 0
+        assert taken > 0, "a graph captured without the kernels was replayed with them switched on"
+        assert not np.array_equal(on, off) and np.array_equal(back, off)
+        assert np.allclose(on, off, rtol=0, atol=5e-2 * float(np.abs(off).max()))
+    finally:
+        model.close()
 
 
 @pytest.mark.parametrize("kind", list(NAMES), ids=list(NAMES.values()))
