@@ -22,6 +22,7 @@ Why it is shaped so:
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Callable, Mapping
@@ -35,6 +36,21 @@ MAX_TREE_NODES = 64
 # llama.cpp keeps positions and sizes in 32-bit integers. How small a context may be depends on
 # the tree size (a sequence per path and per padding row): LlamaModel checks that, with the fix.
 MAX_CTX = (1 << 31) - 1
+
+
+def usable_cores() -> int:
+    """The cores this process may run on: its CPU affinity (a container's or `taskset`'s share of
+    the machine), at least 1."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
+
+
+# llama.cpp starts every thread it is given, and each spins for its share of every matrix
+# product: threads past the cores only wait on each other, and tens of thousands abort in the
+# OpenMP runtime or crash the process. So a thread count is at most the cores this process may
+# use (as seen when localspec starts: its child processes inherit the same affinity).
+MAX_THREADS = usable_cores()
 
 # the sampling llama.cpp's own tools default to (greedy by default: temperature 0)
 DEFAULT_SAMPLING = SamplingParams(temperature=0.0, top_k=40, top_p=0.95, seed=0)
@@ -76,7 +92,9 @@ RULES: dict[str, Rule] = {
                   lambda v: _integer(v) and 1 <= v <= MAX_CTX),
     "n_gpu_layers": Rule("--gpu-layers", "an integer >= -1 (-1: all layers, 0: CPU only)",
                          lambda v: _integer(v) and v >= -1),
-    "n_threads": Rule("--threads", "an integer >= 1", lambda v: v is None or (_integer(v) and v >= 1)),
+    "n_threads": Rule("--threads", f"an integer >= 1 and <= {MAX_THREADS} (the cores this process "
+                                   "may use)",
+                      lambda v: v is None or (_integer(v) and 1 <= v <= MAX_THREADS)),
 }
 
 
