@@ -20,6 +20,9 @@ Why it is shaped so:
   made for them or any byte is written: no absolute paths, no `..`, plain segments only.
 * huggingface_hub is imported inside the functions: only `pull` ever loads it, and by then
   cli.main has settled its offline switch.
+* Every reply is read with a cap (models/hub_bounds.py): a download stops at the size the hub
+  announced, a listing or an error page at a size no real one reaches, so that a mirror that
+  streams for ever ends the pull with an error, never a process growing without bound.
 """
 from __future__ import annotations
 
@@ -106,6 +109,9 @@ def hub_errors(repo: str, name: str | None = None, transport: bool = True) -> It
     from huggingface_hub.utils import OfflineModeIsEnabled
     import httpx2
 
+    from localspec.models.hub_bounds import bounded_session
+
+    bounded_session()      # every request of a pull is made in here: its replies are bounded
     where = f"{repo}:{name}" if name else repo
     try:
         yield
@@ -216,10 +222,12 @@ def _read_prefix(remote: RemoteFile, n: int) -> bytes:
     from huggingface_hub import constants
     from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
+    from localspec.models.hub_bounds import with_cap
+
     headers = {**build_hf_headers(), "Range": f"bytes=0-{n - 1}", "Accept-Encoding": "identity"}
     out = bytearray()
     with hub_errors(remote.repo, remote.name):
-        with get_session().stream("GET", remote.url, headers=headers,
+        with get_session().stream("GET", remote.url, headers=headers, extensions=with_cap(n),
                                   timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT) as response:
             hf_raise_for_status(response)
             for chunk in response.iter_bytes(CHUNK):
@@ -310,12 +318,14 @@ def _stream_into(remote: RemoteFile, fh: BinaryIO, bar) -> None:
     from huggingface_hub import constants
     from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
+    from localspec.models.hub_bounds import with_cap
+
     have = fh.tell()
     headers = {**build_hf_headers(), "Accept-Encoding": "identity"}
     if have:
         headers["Range"] = f"bytes={have}-"
     with hub_errors(remote.repo, remote.name, transport=False):
-        with get_session().stream("GET", remote.url, headers=headers,
+        with get_session().stream("GET", remote.url, headers=headers, extensions=with_cap(remote.size - have),
                                   timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT) as response:
             hf_raise_for_status(response)
             if have and not _resumes_at(response, have):

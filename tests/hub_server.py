@@ -9,8 +9,10 @@ redirects (302) to a signed-looking `/cdn/...` address serving the bytes with Ra
 Content-Range), as the hub redirects LFS files to its CDN. Files other than .gguf/.safetensors
 are kept "in git", as on the hub: listed without LFS data, their ETag and blobId the git blob
 sha1, served directly from /resolve/. Faults a test can arm per file: cut the connection after N bytes,
-stall after N bytes until released, serve a corrupted byte under the right metadata. Every
-request is recorded (method, path, Range) so tests can assert what the client asked for.
+stall after N bytes until released, serve a corrupted byte under the right metadata, stream for
+ever past the bytes asked for; and for the whole hub (`endless`): a listing or a redirect that
+streams for ever. Every request is recorded (method, path, Range) so tests can assert what the
+client asked for.
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ class Fault:
     cut_after: int | None = None       # close the connection after this many body bytes
     stall_after: int | None = None     # send this many bytes, then wait for `release`
     corrupt: bool = False              # flip the last byte (same size, wrong sha256)
+    endless: bool = False              # no Content-Length; after the bytes asked for, more, for ever
     times: int = 1                     # how many downloads it hits (Range probes never)
     release: threading.Event = field(default_factory=threading.Event)
     stalled: threading.Event = field(default_factory=threading.Event)
@@ -65,6 +68,7 @@ class FakeHub:
         self.repos: dict[str, Repo] = {}
         self.faults: dict[tuple[str, str], Fault] = {}
         self.seen: list[Seen] = []
+        self.endless: str | None = None    # "listing" or "redirect": that reply streams for ever
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
         self._server.daemon_threads = True
@@ -137,6 +141,8 @@ def _handler_for(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
             repo = hub.repos.get(repo_id)
             if repo is None:
                 return self._error(404, "RepoNotFound", "Repository not found")
+            if hub.endless == "listing":
+                return self._endless_reply(200, {"Content-Type": "application/json"}, b'{"siblings": [')
             siblings = [{"rfilename": n, "size": len(c), "blobId": repo.blob_id(n),
                          **({"lfs": {"sha256": repo.sha256[n], "size": len(c), "pointerSize": 134}}
                             if repo.is_lfs(n) else {})}
@@ -166,6 +172,8 @@ def _handler_for(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
             if not body:
                 return self._head(headers, len(content))
             cdn = f"/cdn/{repo_id}/{sha}/{name}?expires=9999999999&signature=x"
+            if hub.endless == "redirect":
+                return self._endless_reply(302, {**headers, "Location": cdn}, b"")
             self._send(302, {**headers, "Location": cdn}, b"")
 
         def _bytes(self, repo_id: str, name: str, extra: dict[str, str] | None = None) -> None:
@@ -193,13 +201,19 @@ def _handler_for(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
             if ranged:
                 headers["Content-Range"] = f"bytes {start}-{end}/{len(content)}"
             armed = fault is not None and not is_probe and fault.times > 0 and (
-                fault.cut_after is not None or fault.stall_after is not None)
+                fault.cut_after is not None or fault.stall_after is not None or fault.endless)
             if armed:
                 fault.times -= 1
+            if armed and fault.endless:
+                del headers["Content-Length"]        # the body ends when the connection does
+                self.close_connection = True
             self.send_response(status)
             for k, v in headers.items():
                 self.send_header(k, v)
             self.end_headers()
+            if armed and fault.endless:
+                self.wfile.write(piece)
+                return self._endless()
             if armed and fault.cut_after is not None:
                 self.wfile.write(piece[:fault.cut_after])
                 self.wfile.flush()
@@ -213,6 +227,24 @@ def _handler_for(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
                 self.close_connection = True
                 return
             self.wfile.write(piece)
+
+        def _endless_reply(self, status: int, headers: dict[str, str], start: bytes) -> None:
+            self.close_connection = True
+            self.send_response(status)
+            for k, v in headers.items():
+                self.send_header(k, v)
+            self.end_headers()
+            self.wfile.write(start)
+            self._endless()
+
+        def _endless(self) -> None:
+            """Bytes until the client hangs up (a mirror that streams for ever)."""
+            block = b"\0" * (1 << 16)
+            try:
+                while True:
+                    self.wfile.write(block)
+            except OSError:            # the client closed the connection
+                pass
 
         def _error(self, status: int, code: str | None, message: str,
                    extra: dict[str, str] | None = None) -> None:
