@@ -22,6 +22,9 @@ import os
 from pathlib import Path
 
 from localspec.models.errors import LocalspecError
+from localspec.models.own_files import Unreadable, read_bytes
+
+_PID_BYTES = 32      # a lease file holds one process id in decimal
 
 
 class Leases:
@@ -54,9 +57,9 @@ class Leases:
 
     def holder(self, conversation_id: str) -> int | None:
         """The process id the holder wrote (None: unknown, or no file)."""
-        try:
-            text = self._path(conversation_id).read_text()
-        except FileNotFoundError:
+        try:      # a regular file of a process id only (models/own_files.py): never a FIFO's wait
+            text = read_bytes(self._path(conversation_id), _PID_BYTES).decode("ascii", "replace")
+        except (FileNotFoundError, Unreadable):
             return None
         return int(text) if text.strip().isdigit() else None
 

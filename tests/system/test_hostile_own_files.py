@@ -165,6 +165,15 @@ def test_the_chat_starts_with_a_note_when_settings_json_is_a_fifo(tiny, tmp_path
         term.close()
 
 
+@pytest.mark.parametrize("case", list(HOSTILE))
+def test_a_hostile_lease_file_names_no_holder(tmp_path, case):
+    """The chat reads who holds a conversation from its lease file (app/leases.py)."""
+    from localspec.app.leases import Leases
+
+    HOSTILE[case](tmp_path / "c-1", 64)
+    assert within(BOUND, lambda: Leases(tmp_path).holder("c-1")) is None
+
+
 # ---- calibrations: measured again ----------------------------------------------------------------
 @pytest.mark.parametrize("case", list(HOSTILE))
 def test_a_hostile_calibration_file_reads_as_none_yet(tmp_path, case):
