@@ -148,7 +148,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
         sys.stdout.flush()
         if result.finish_reason == "context" and not args.json:   # JSON says so in finish_reason
-            print(f"note: the context ({options.n_ctx} tokens) is full: the reply stops here. "
+            print(f"note: the context ({session.model.n_ctx} tokens) is full: the reply stops here. "
                   "Raise --ctx or shorten the prompt for a longer one.", file=sys.stderr)
         if args.stats:
             print(result.stats.summary(), file=sys.stderr)

@@ -39,9 +39,14 @@ def argument(value: str) -> str:
     return decode(os.fsencode(value))
 
 
+# A context left to fit the machine (n_ctx 0) is known only once the model is open; until then
+# input is bounded by the longest trained context of the models `pull` knows.
+UNFITTED_CTX = 131_072
+
+
 def prompt_limit(n_ctx: int) -> int:
-    """The most bytes of prompt text that could fit in a context of n_ctx tokens."""
-    return max(n_ctx, 1) * BYTES_PER_TOKEN
+    """The most bytes of prompt text that could fit in a context of n_ctx tokens (0: fitted)."""
+    return max(n_ctx or UNFITTED_CTX, 1) * BYTES_PER_TOKEN
 
 
 def read_bounded(stream: BinaryIO, limit: int) -> bytes | None:

@@ -35,7 +35,8 @@ def add_model_options(p: argparse.ArgumentParser, model_required: bool = True,
     p.add_argument("--head", help="a draft head trained for this target: drafts from the target's own "
                                   "hidden states, in the draft model's place (default: the head "
                                   "`localspec head train` installed for the target, if any)")
-    p.add_argument("--ctx", type=int, help="context size in tokens (default 4096)")
+    p.add_argument("--ctx", type=int, help="context size in tokens (default: the largest that fits "
+                                           "this machine's free memory, up to the model's trained length)")
     p.add_argument("--exact", action="store_true", default=None, help=EXACT_HELP)
 
 

@@ -37,7 +37,7 @@ from .decode import Engine
 from .drafters import registry
 from .drafters.base import Drafter
 from .errors import LocalspecError, vocab_mismatch
-from .llama_model import EXACT_MAX_ROWS, LlamaModel
+from .llama_model import EXACT_MAX_ROWS, LlamaModel, gpu_offload_supported
 from .options import Options
 from .policy import make_policy
 from .target import Target
@@ -199,6 +199,17 @@ class Loaded:
         self.model.close()
 
 
+def default_context(options: Options) -> int:
+    """The context when none is asked for (n_ctx 0): what fits this machine's free memory where
+    the target runs, up to its trained length (models/fit.py)."""
+    from localspec.models.fit import fitted_context
+    from localspec.models.gguf_file import read_gguf
+
+    path = Path(options.model).expanduser()
+    on_gpu = options.n_gpu_layers != 0 and gpu_offload_supported()
+    return fitted_context(read_gguf(path), path.stat().st_size, on_gpu)
+
+
 def load(options: Options, names: Sequence[str], *, measure: bool, refresh: bool = False,
          progress: Progress | None = None) -> Loaded:
     """Load the target and what the stages `names` are built from (steps 1-3). model and draft
@@ -213,7 +224,8 @@ def load(options: Options, names: Sequence[str], *, measure: bool, refresh: bool
         import torch  # noqa: F401
     nodes = options.budget.max_nodes
     spec = options.speculation     # room for trees (bench builds its stages over this target)
-    model = LlamaModel(options.model, n_ctx=options.n_ctx,
+    n_ctx = options.n_ctx or default_context(options)
+    model = LlamaModel(options.model, n_ctx=n_ctx,
                        n_seq_max=max(2, nodes + 1) if spec else 1,
                        n_gpu_layers=options.n_gpu_layers, n_threads=options.n_threads,
                        n_batch=max(512, nodes + 2), n_pad_seqs=nodes + 1 if spec else 0,
@@ -223,7 +235,7 @@ def load(options: Options, names: Sequence[str], *, measure: bool, refresh: bool
     gguf = lm = head = store = None
     try:
         if "draft" in names:
-            gguf = LlamaModel(Path(options.draft).expanduser(), n_ctx=options.n_ctx,
+            gguf = LlamaModel(Path(options.draft).expanduser(), n_ctx=model.n_ctx,
                               n_seq_max=nodes + 1, n_gpu_layers=options.n_gpu_layers,
                               n_threads=options.n_threads,
                               n_pad_seqs=options.draft_limits.pad_rows - 1)
@@ -231,7 +243,7 @@ def load(options: Options, names: Sequence[str], *, measure: bool, refresh: bool
             check_same_vocab(model, gguf)
         if "torch-draft" in names:
             from .torch_lm import TorchLM
-            lm = TorchLM.load(Path(options.draft).expanduser(), max_len=options.n_ctx)
+            lm = TorchLM.load(Path(options.draft).expanduser(), max_len=model.n_ctx)
             opened.append(lm)
             if lm.vocab_size != model.vocab_size:
                 raise vocab_mismatch(Path(options.draft).name, lm.vocab_size, model.path.name,

@@ -54,7 +54,7 @@ def check_context(n_ctx: int, n_ctx_train: int, n_batch: int, sequences: int) ->
     sequences is the caller's bug."""
     if not 1 <= n_ctx <= MAX_CTX:
         raise LocalspecError("Invalid context size", f"--ctx {n_ctx}",
-                             f"Pass a number of tokens from 1 to {MAX_CTX} (4096 is the default; the "
+                             f"Pass a number of tokens from 1 to {MAX_CTX} (or leave --ctx out: the default fits this machine; the "
                              f"model was trained for {n_ctx_train})")
     if sequences > MAX_SEQUENCES:
         raise LocalspecError("Draft trees too large for llama.cpp",
@@ -68,7 +68,7 @@ def check_context(n_ctx: int, n_ctx_train: int, n_batch: int, sequences: int) ->
                              f"--ctx {n_ctx}: speculation here uses {sequences} sequences (a tree's "
                              f"paths and its padding), and llama.cpp needs a context of at least as "
                              f"many tokens",
-                             f"Use --ctx {sequences} or more (4096 is the default), lower --tree-nodes, "
+                             f"Use --ctx {sequences} or more (or leave it out), lower --tree-nodes, "
                              f"or run with --no-speculation")
 
 

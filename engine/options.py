@@ -88,8 +88,9 @@ RULES: dict[str, Rule] = {
     "max_tokens": Rule("--max-tokens", "an integer >= 1", lambda v: _integer(v) and v >= 1),
     "tree_nodes": Rule("--tree-nodes", f"an integer from 1 to {MAX_TREE_NODES}",
                        lambda v: _integer(v) and 1 <= v <= MAX_TREE_NODES),
-    "n_ctx": Rule("--ctx", f"an integer from 1 to {MAX_CTX} (tokens)",
-                  lambda v: _integer(v) and 1 <= v <= MAX_CTX),
+    "n_ctx": Rule("--ctx", f"an integer from 0 to {MAX_CTX} (tokens; 0, the default: the largest "
+                           "that fits this machine's memory, up to the model's trained length)",
+                  lambda v: _integer(v) and 0 <= v <= MAX_CTX),
     "n_gpu_layers": Rule("--gpu-layers", "an integer >= -1 (-1: all layers, 0: CPU only)",
                          lambda v: _integer(v) and v >= -1),
     "n_threads": Rule("--threads", f"an integer >= 1 and <= {MAX_THREADS} (the cores this process "
@@ -130,7 +131,7 @@ class Options:
     speculation: bool = True
     maxgram: bool = True
     personal: bool = True              # the personal n-gram drafter (store under the user data dir)
-    n_ctx: int = 4096
+    n_ctx: int = 0                     # 0: fitted to the free memory, up to the trained length (build.py)
     n_gpu_layers: int = -1
     n_threads: int | None = None       # None: every core this process may use
     budget: TreeBudget = TreeBudget(max_nodes=DEFAULT_TREE_NODES, adaptive=True)

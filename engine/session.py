@@ -45,6 +45,7 @@ class Session:
             cfg = replace(cfg, draft=None)     # the head takes the draft model's place
         self.cfg = cfg
         built = self._built = build(cfg, progress)
+        self.cfg = cfg = replace(cfg, n_ctx=built.model.n_ctx)   # a fitted context (0) as opened
         self.model, self.stages, self.costs = built.model, built.stages, built.costs
         self.engine, self.store, self.head = built.engine, built.store, built.head
         self._learnt_path = built.learnt_path

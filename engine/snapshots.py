@@ -7,8 +7,10 @@ lacks (engine/target.py's keep_prefix), instead of reading the whole conversatio
 
 What a snapshot is trusted for, and why:
 - it is only used by a target whose numbers it matches: the key names the model file's weights
-  (its fingerprint), llama.cpp's build, the context size, where the layers run and exact mode;
-  a snapshot under another key is never opened;
+  (its fingerprint), llama.cpp's build, where the layers run and exact mode; a snapshot under
+  another key is never opened. Not the context size: a position's keys and values depend on the
+  tokens before it alone, and a context fitted to free memory may differ from one start to the
+  next; a snapshot longer than the context is refused by `Target.load_state`;
 - llama.cpp parses the state with few checks and aborts the process on some malformed input, so
   a snapshot is handed over only after its header, sizes and sha256 over tokens and state check
   out; a damaged, truncated or foreign file is skipped with a note and deleted;
@@ -45,8 +47,7 @@ def snapshot_key(model) -> str:
     import llama_cpp as lc
 
     parts = [f"format {FORMAT}", fingerprint(model.info), lc.__version__, *library_stamps(),
-             f"n_ctx {model.n_ctx}", f"gpu layers {model.n_gpu_layers}",
-             "exact" if model.exact else "fast"]
+             f"gpu layers {model.n_gpu_layers}", "exact" if model.exact else "fast"]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
 
 

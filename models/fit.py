@@ -45,6 +45,38 @@ def kv_cache_bytes(info: GGUFInfo, n_ctx: int = CONTEXT) -> int | None:
     return n_ctx * n_layer * n_head_kv * (k_len + v_len) * KV_BYTES
 
 
+# Of the memory left once the weights are in, what a fitted context's KV cache may take: the rest
+# stays for llama.cpp's compute buffers, a draft, and the other programs on the machine.
+FIT_SHARE = 0.5
+FIT_STEP = 1024     # a fitted context is a multiple of this many tokens
+
+
+def trained_context(info: GGUFInfo) -> int | None:
+    """The context the model was trained for (its GGUF's context_length), None if not given."""
+    try:
+        return int(info.metadata[f"{info.architecture}.context_length"])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def fitted_context(info: GGUFInfo, weights: int, on_gpu: bool, free: FreeMemory | None = None) -> int:
+    """The default context: the largest multiple of FIT_STEP whose f16 KV cache fits in FIT_SHARE
+    of the memory the model's `weights` (bytes) leave free where it runs (the GPU's, or RAM), up to
+    the model's trained context; never below CONTEXT (or the trained one, if smaller), so that
+    what ran before still runs. `free`: measured now unless given."""
+    trained = trained_context(info) or CONTEXT
+    floor = min(trained, CONTEXT)
+    per_token = kv_cache_bytes(info, 1)
+    if not per_token:
+        return floor
+    free = free or free_memory()
+    room = free.vram if on_gpu and free.vram is not None else free.ram
+    if room is None:
+        return floor
+    fits = int((room - weights - SCRATCH) * FIT_SHARE // per_token) // FIT_STEP * FIT_STEP
+    return max(floor, min(trained, fits))
+
+
 def torch_kv_cache_bytes(config: dict, n_ctx: int = CONTEXT) -> int | None:
     """The same for a transformers config.json (a PyTorch draft)."""
     try:

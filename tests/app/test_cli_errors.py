@@ -81,7 +81,7 @@ def test_bad_sampling_option(tiny):
     (("--temperature", "nan"), ("--temperature nan", "finite number >= 0")),
     (("--tree-nodes", "0"), ("--tree-nodes 0", "from 1 to 64")),
     (("--tree-nodes", "100000"), ("--tree-nodes 100000", "from 1 to 64")),
-    (("--ctx", "-1"), ("--ctx -1", "from 1 to")),
+    (("--ctx", "-1"), ("--ctx -1", "from 0 to")),
     (("--seed", "-1", "--temperature", "0.7"), ("--seed -1", "integer >= 0")),
     (("--top-k", "-1"), ("--top-k -1", "integer >= 0")),
     (("--max-tokens", "0"), ("--max-tokens 0", "integer >= 1")),

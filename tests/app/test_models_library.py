@@ -3,6 +3,7 @@ register nothing (truncated, non-GGUF, foreign-vocabulary draft, escaping names)
 survives a crash mid-write, the registry's exact lookup, and `generate --model NAME`."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -240,3 +241,33 @@ def test_generate_with_an_unknown_name_lists_installed(data, tiny):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "not installed" in proc.stderr and "installed: tiny" in proc.stderr
     assert "localspec pull qwen2.5-coder-7b" in proc.stderr and "localspec import" in proc.stderr
+
+
+def test_the_default_context_fits_the_free_memory_up_to_the_trained_length(tiny):
+    """--ctx left out: the largest multiple of FIT_STEP whose KV cache takes at most FIT_SHARE of
+    what the weights leave free where the model runs, capped at the trained context, never below
+    the old default (or the trained context, if smaller); and a session opens with it."""
+    from localspec.engine.options import Options
+    from localspec.engine.session import Session
+    from localspec.models import fit
+    from localspec.models.gguf_file import read_gguf
+
+    info = read_gguf(tiny.target_gguf)
+    trained = fit.trained_context(info)
+    per_token = fit.kv_cache_bytes(info, 1)
+    gib = 1 << 30
+    plenty = fit.FreeMemory(vram=None, ram=64 * gib)
+    assert fit.fitted_context(info, 1000, on_gpu=False, free=plenty) == trained
+    # a 32k-trained model of this shape where RAM holds the weights and ~10,000 tokens of cache
+    long = dataclasses.replace(info, metadata={**info.metadata, "qwen2.context_length": 32768})
+    room = int(10_000 * per_token / fit.FIT_SHARE) + fit.SCRATCH + 1000
+    got = fit.fitted_context(long, 1000, on_gpu=False, free=fit.FreeMemory(vram=None, ram=room))
+    assert got == 9 * fit.FIT_STEP
+    assert fit.fitted_context(long, 1000, on_gpu=True, free=fit.FreeMemory(vram=room, ram=1)) == got
+    assert fit.fitted_context(long, 1000, on_gpu=False, free=fit.FreeMemory(vram=None, ram=1)) == fit.CONTEXT
+    assert fit.fitted_context(long, 1000, on_gpu=False, free=fit.FreeMemory(None, None)) == fit.CONTEXT
+    session = Session(Options(tiny.target_gguf, speculation=False, n_threads=1))
+    try:
+        assert session.model.n_ctx == session.cfg.n_ctx == fit.fitted_context(info, 0, False) == trained
+    finally:
+        session.close()

@@ -3,6 +3,8 @@ the command line: exit status 2, a title/cause/fix message on stderr, no traceba
 stdout. An abort that still happens prints no debugger backtrace on stdout (engine/native.py)."""
 from __future__ import annotations
 
+import json
+
 import os
 import subprocess
 import sys
@@ -44,9 +46,22 @@ def test_the_bound_is_the_one_llama_cpp_needs(tiny):
     assert_refused(generate(tiny.target_gguf, "--ctx", "21", "--tree-nodes", "10"), "Use --ctx 22 or more")
 
 
-@pytest.mark.parametrize("ctx", ["0", "-1", str(1 << 40)])
+@pytest.mark.parametrize("ctx", ["-1", str(1 << 40)])
 def test_a_context_size_out_of_range_is_refused(tiny, ctx):
-    assert_refused(generate(tiny.target_gguf, "--ctx", ctx), f"--ctx {ctx}", "from 1 to 2147483647")
+    assert_refused(generate(tiny.target_gguf, "--ctx", ctx), f"--ctx {ctx}", "from 0 to 2147483647")
+
+
+def test_context_zero_is_the_fitted_default(tiny):
+    """--ctx 0 is what leaving it out means: the context that fits (models/fit.py), here the tiny
+    model's trained length, which a prompt up to it may fill."""
+    from localspec.models.fit import trained_context
+    from localspec.models.gguf_file import read_gguf
+
+    for flags in (("--ctx", "0"), ()):
+        proc = generate(tiny.target_gguf, *flags, "--json")
+        assert proc.returncode == 0, proc.stderr
+        stats = json.loads(proc.stdout)["stats"]
+        assert stats["context_size"] == trained_context(read_gguf(tiny.target_gguf))
 
 
 def test_the_model_api_refuses_a_context_size_out_of_range(tiny):

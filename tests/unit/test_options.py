@@ -51,7 +51,7 @@ def test_json_round_trip_and_unknown_keys(tmp_path):
     (("--tree-nodes", "0"), "--tree-nodes", f"from 1 to {MAX_TREE_NODES}"),
     (("--tree-nodes", "-1"), "--tree-nodes", f"from 1 to {MAX_TREE_NODES}"),
     (("--tree-nodes", "100000"), "--tree-nodes", f"from 1 to {MAX_TREE_NODES}"),
-    (("--ctx", "-1"), "--ctx", "from 1 to"),
+    (("--ctx", "-1"), "--ctx", "from 0 to"),
     (("--seed", "-1"), "--seed", ">= 0"),
     (("--top-p", "0"), "--top-p", "0 < top-p <= 1"),
     (("--top-p", "1.5"), "--top-p", "0 < top-p <= 1"),
