@@ -388,7 +388,7 @@ def format_table(report: dict) -> str:
     return "\n".join(lines)
 
 
-def write_outputs(report: dict, out: Path) -> list[Path]:
+def write_outputs(report: dict, out: Path, plot: bool = True) -> list[Path]:
     """bench.json (the figures), completions.json (every configuration's text, prompt by prompt:
     what was measured, to be read), and bench.png drawn by a child process (see
     localspec.app.plot)."""
@@ -401,6 +401,8 @@ def write_outputs(report: dict, out: Path) -> list[Path]:
     if completions is not None:
         texts.write_text(json.dumps(completions, indent=1, ensure_ascii=False))
         written.append(texts)
+    if not plot:
+        return written
     proc = subprocess.run([sys.executable, "-m", "localspec.app.plot", str(data), str(png)],
                           capture_output=True, text=True)
     if proc.returncode != 0:

@@ -173,7 +173,11 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     add_model_options(p, model_help="target model: a .gguf file")
     add_sampling_options(p)
     add_threads_option(p)
-    p.add_argument("--workload", default="humaneval", choices=["humaneval", "edit", "chat", "longchat", "newcode"])
+    p.add_argument("--workload", default="humaneval", choices=["humaneval", "edit", "chat", "longchat", "newcode",
+                                                                 "conversation", "conversation-long"],
+                   help="conversation, conversation-long: multi-turn chats, each turn's time to first "
+                        "token with and without the cache kept between turns (default configs: plain, "
+                        "adaptive-nomodel, adaptive)")
     p.add_argument("--limit", type=int, default=None, help="first N problems only")
     p.add_argument("--configs", default=None,
                    help="comma-separated (default: all but the head's, and with --head those too): "
@@ -202,7 +206,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     from .paths import model_path
 
-    configs = args.configs or ",".join(n for n in bench.CONFIGS if args.head or "head" not in bench.config(n).stages)
+    talks = args.workload.startswith("conversation")
+    configs = args.configs or ("plain,adaptive-nomodel,adaptive" if talks else ",".join(
+        n for n in bench.CONFIGS if args.head or "head" not in bench.config(n).stages))
     names = [n.strip() for n in configs.split(",") if n.strip()]
     unknown = []
     for n in names:
@@ -230,6 +236,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     model = model_path(args.model, "Model")
     draft = model_path(args.draft, "Draft model") if args.draft else None
     draft_runs_in_torch(draft, args.torch_draft)
+    if talks:
+        return _bench_conversations(args, names, options, model, draft)
     scratch = tempfile.TemporaryDirectory(prefix="localspec-bench-") if args.learn else None
     prompts, store, learnt = bench.bench_inputs(model, args.workload, args.limit, args.learn, args.learn_max_tokens,
                                                 Path(scratch.name) if scratch else None, options.n_ctx)
@@ -252,6 +260,40 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+
+def _bench_conversations(args: argparse.Namespace, names: list[str], options, model: Path,
+                         draft: Path | None) -> int:
+    """bench's conversation workloads (app/bench_conversation.py)."""
+    from localspec.app import bench, bench_conversation, conversations
+    from localspec.engine.options import Options
+    from localspec.engine.session import Session
+
+    scratch = tempfile.TemporaryDirectory(prefix="localspec-bench-") if args.learn else None
+    probe = Session(Options(model, speculation=False, n_ctx=options.n_ctx))
+    try:
+        if args.workload == "conversation":
+            talks = conversations.conversations(args.limit)
+        else:
+            talks = conversations.long_conversation(lambda text: len(probe.raw_prompt(text)), args.limit)
+        store, learnt = bench.open_ngram_store(model, args.learn, args.learn_max_tokens, probe.raw_prompt,
+                                               Path(scratch.name) if scratch else None)
+    finally:
+        probe.close()
+    try:
+        report = bench_conversation.run_conversation_bench(
+            model, draft, talks, names, options.max_tokens, options.sampling, options.n_ctx, store=store,
+            n_threads=options.n_threads, exact=options.exact,
+            progress=lambda line: print(line, file=sys.stderr, flush=True))
+    finally:
+        store.close()
+        if scratch:
+            scratch.cleanup()
+    report["workload"] = args.workload
+    report["ngram_source"] = learnt
+    print(bench_conversation.format_table(report))
+    for path in bench.write_outputs(report, Path(args.out), plot=False):
+        print(f"wrote {path}")
+    return 0
 
 
 def _add_calibrate(sub: argparse._SubParsersAction) -> None:

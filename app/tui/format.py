@@ -75,6 +75,20 @@ def speculation_summary(stats: dict, per_drafter: bool = False, brief: bool = Fa
     return " · ".join(parts) if parts else f"{stats.get('tokens', 0)} tokens"
 
 
+def context_line(stats: dict) -> str:
+    """'context 1,234 of 32,768 (dropped 4 oldest messages)' from a reply's stats: what the
+    conversation fills of the model's context, the reply included; '' without the figures."""
+    size = stats.get("context_size")
+    if not size:
+        return ""
+    used = stats.get("prompt_tokens", 0) + stats.get("tokens", 0)
+    line = f"context {used:,} of {size:,}"
+    dropped = stats.get("dropped_messages")
+    if dropped:
+        line += f" (dropped {dropped} oldest message{'s' if dropped > 1 else ''})"
+    return line
+
+
 def vs_plain(stats: dict) -> str:
     """'1.74× vs plain' from a reply's stats; 'vs plain …' while the reply or the plain rate rests
     on too few rounds; '' where plain decoding was not measured (no adaptive budget)."""

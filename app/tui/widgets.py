@@ -13,7 +13,7 @@ from textual.widgets.markdown import MarkdownStream
 
 from localspec.app.terminal import printable
 
-from .format import STATE_MARKS, source_style, speculation_summary
+from .format import STATE_MARKS, context_line, source_style, speculation_summary
 
 NEWLINE_KEYS = ("shift+enter", "alt+enter", "ctrl+j")
 
@@ -123,6 +123,8 @@ class StatusBar(Static):
         line = Text(printable(engine), style="bold")   # model file names
         line.append("\n")
         line.append(speculation_summary(stats, per_drafter=True) if stats else stages)
+        if stats and (context := context_line(stats)):
+            line.append(f" · {context}")
         if sources_on:
             line.append("  │  ")
             for name in ("target", "maxgram", "personal-ngram", "draft"):

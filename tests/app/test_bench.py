@@ -190,3 +190,33 @@ def test_adaptive_n_names_a_budget_and_bad_names_name_the_choices(tiny, tmp_path
         capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0 and "adaptive-0" in proc.stderr and "adaptive-N" in proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_the_conversation_workload_runs_each_configuration_fresh_and_with_the_cache_kept(tiny, tmp_path):
+    """bench --workload conversation: every configuration twice, turn by turn; the "+cache" runs
+    keep the last turn's cache (so prefill less) and say the same as the fresh runs; every turn
+    has its time to first token."""
+    from localspec.app import bench_conversation
+
+    talks = [("two-turns", ["Write a function that adds 2 to a number.", "Now make it add 3."])]
+    report = bench_conversation.run_conversation_bench(
+        tiny.target_gguf, None, talks, ["plain", "maxgram"], 24, SamplingParams(), 1024, n_threads=1)
+    assert [r["config"] for r in report["rows"]] == ["plain", "plain+cache", "maxgram", "maxgram+cache"]
+    assert all(r["identical_turns"] == 2 and r["turns"] == 2 for r in report["rows"])
+    first, second = report["turns"]
+    for name in ("plain", "maxgram"):
+        assert first[name + "+cache"]["reused_tokens"] == 0 == second[name]["reused_tokens"]
+        assert second[name + "+cache"]["reused_tokens"] >= first["prompt_tokens"] - 1
+        assert all(0 < row[name]["ttft_s"] <= row[name]["turn_s"] for row in (first, second))
+    table = bench_conversation.format_table(report)
+    assert "maxgram+cache" in table and "two-turns" in table
+    paths = bench.write_outputs(report, tmp_path, plot=False)
+    assert [p.name for p in paths] == ["bench.json", "completions.json"]
+
+
+def test_the_long_conversation_attaches_source_files_until_16k_tokens():
+    from localspec.app.conversations import LONG_TOKENS, long_conversation
+
+    (name, turns), = long_conversation(lambda text: len(text) // 4)
+    assert name == "long" and sum(len(t) // 4 for t in turns) >= LONG_TOKENS
+    assert all("```python" in t for t in turns)

@@ -80,3 +80,12 @@ def test_common_prefix():
     assert common_prefix([1, 2, 3], [1, 2]) == 2
     assert common_prefix([1, 2, 3], [1, 5, 3]) == 1
     assert common_prefix(list(range(50_000)), list(range(49_999)) + [7]) == 49_999
+
+
+def test_the_status_bar_says_how_much_of_the_context_the_conversation_fills():
+    from localspec.app.tui.format import context_line
+
+    assert context_line({}) == ""
+    stats = {"context_size": 32768, "prompt_tokens": 1200, "tokens": 34}
+    assert context_line(stats) == "context 1,234 of 32,768"
+    assert context_line({**stats, "dropped_messages": 4}) == "context 1,234 of 32,768 (dropped 4 oldest messages)"
