@@ -16,10 +16,12 @@ into frozen event dataclasses on a queue, and `poll()` takes from that queue.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import queue
 import re
+import resource
 import signal
 import subprocess
 import sys
@@ -29,6 +31,7 @@ import time
 from dataclasses import asdict, dataclass, field, fields
 from typing import IO, Iterator, Union
 
+from localspec.engine.errors import LocalspecError
 from localspec.engine.options import Options
 
 
@@ -161,14 +164,22 @@ class EngineProcess:
     # ---- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
         """Spawn the engine and return at once; Ready, or Error(None, ...) / Crashed, follows
-        (Calibrating before Ready while a first run measures this machine)."""
+        (Calibrating before Ready while a first run measures this machine). A process the
+        machine will not start (no file descriptors or processes left): LocalspecError, and
+        start() may be called again."""
         if self._child is not None and self._child.proc.poll() is None:
             raise RuntimeError("the engine process is already running")
         self._closed = False
-        stderr = tempfile.TemporaryFile(prefix="localspec-engine-")
-        proc = subprocess.Popen([sys.executable, "-m", "localspec.app.engine_main"],
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
-                                start_new_session=True, env=_child_env())
+        stderr = None
+        try:
+            stderr = tempfile.TemporaryFile(prefix="localspec-engine-")
+            proc = subprocess.Popen([sys.executable, "-m", "localspec.app.engine_main"],
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
+                                    start_new_session=True, env=_child_env())
+        except OSError as err:
+            if stderr is not None:
+                stderr.close()
+            raise cannot_start(err) from None
         child = _Child(proc, stderr)
         child.outbox.put(json.dumps({"op": "open", "spec": self.spec.to_json()}))
         for line in self._deferred.values():   # run once the engine is up, in order
@@ -311,6 +322,29 @@ class EngineProcess:
         child.proc.wait()
         for t in child.threads:
             t.join(timeout=5.0)
+
+
+# What to do about each limit that starting a process runs into.
+_START_FIXES = {
+    errno.EMFILE: "Raise the limit on open files in the shell that starts localspec (`ulimit -n "
+                  "1024`), then restart the engine (F5 in the chat)",
+    errno.ENFILE: "The system has no open files left: close other programs, then restart the "
+                  "engine (F5 in the chat)",
+    errno.EAGAIN: "No processes left for your user: close other programs (or raise `ulimit -u`), "
+                  "then restart the engine (F5 in the chat)",
+    errno.ENOMEM: "Close other programs to free memory, then restart the engine (F5 in the chat)",
+}
+
+
+def cannot_start(err: OSError) -> LocalspecError:
+    """The error for an engine process the machine would not start (`err`, from starting it)."""
+    cause = err.strerror or str(err)
+    if err.errno == errno.EMFILE:
+        soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        cause += f" (this process may hold {soft} open files: `ulimit -n`)"
+    return LocalspecError("Cannot start the engine process", cause,
+                          _START_FIXES.get(err.errno, "Check the machine's limits (`ulimit -a`), "
+                                                      "then restart the engine (F5 in the chat)"))
 
 
 def _crash_report(code: int | None, stderr: IO[bytes]) -> Crashed:

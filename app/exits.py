@@ -48,6 +48,10 @@ _OS_FIXES = {
                  "to a writable folder",
     errno.ENOSPC: "Free some disk space, then run the command again",
     errno.EISDIR: "Pass a file there, not a folder",
+    errno.EMFILE: "Raise the limit on open files in this shell (`ulimit -n 1024`), then run the "
+                  "command again",
+    errno.ENFILE: "The system has no open files left: close other programs, then run the command "
+                  "again",
 }
 
 

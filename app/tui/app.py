@@ -10,7 +10,9 @@ Why it is shaped so:
   second without blocking and hands them to the chat screen; `engine_call` is the one place that
   sends it requests.
 * A load failure (missing, broken or mismatched model) arrives as an `Error` with no request and
-  switches to the first-run screen, which explains it. Nothing here lets a traceback through.
+  switches to the first-run screen, which explains it. An engine process the machine would not
+  start (a low `ulimit -n`) is no model's fault: the chat screen says why, and F5 tries again.
+  Nothing here lets a traceback through.
 """
 from __future__ import annotations
 
@@ -132,7 +134,7 @@ class ChatApp(App):
     def start_engine(self) -> None:
         self.stop_engine()
         self.engine = self.engine_factory(self.spec_for(self.settings))
-        self.engine.start()
+        self._starting(self.engine.start)
 
     def restart_engine(self) -> None:
         if self.engine is None:
@@ -140,7 +142,17 @@ class ChatApp(App):
             return
         if self.chat is not None:
             self.chat.engine_loading("restarting the engine…")
-        self.engine.restart()
+        self._starting(self.engine.restart)
+
+    def _starting(self, start: Callable[[], None]) -> None:
+        """Start the engine process; one the machine would not start (no file descriptors or
+        processes left: a LocalspecError) is said on the chat screen, and F5 tries again."""
+        try:
+            start()
+        except LocalspecError as err:
+            if self.chat is None:   # the engine starts under the chat screen only
+                raise
+            self.chat.engine_failed(err)
 
     def stop_engine(self) -> None:
         if self.engine is not None:

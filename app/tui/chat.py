@@ -24,6 +24,7 @@ from textual.widgets import Footer, Input, ListView, Static
 from localspec.app.engine_proc import Ready
 from localspec.app.history import Conversation, History
 from localspec.app.terminal import printable
+from localspec.engine.errors import LocalspecError
 
 from .conversations import ConversationList
 from .format import engine_line, stages_line
@@ -112,6 +113,13 @@ class ChatScreen(ConversationList, PromptActions, ReplyStream, HistoryFailure, S
         forgets the old engine's figures, which would pass for the new one's."""
         self.ready, self.engine_state, self.last_stats = None, state, None
         self.refresh_status()
+
+    def engine_failed(self, err: LocalspecError) -> None:
+        """The engine process could not be started: the status bar says so, the notice says why
+        and what to do; the conversation stays as it is."""
+        self.ready, self.engine_state, self.last_stats = None, "engine not running", None
+        self.refresh_status()
+        self.show_notice(f"{err.title}: {err.cause}. {err.fix}")
 
     def refresh_status(self) -> None:
         r = self.ready
