@@ -311,6 +311,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from localspec.engine.config import TreeBudget
 
     from .progress import terminal_progress
+    from .terminal import show   # model file names
 
     # what generate and chat load, speculating: the target and a GGUF draft, measured beside it,
     # or a head (the one installed for the target unless told), which takes the draft model's
@@ -322,14 +323,14 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         loaded = load(options, names, measure=True, refresh=args.refresh, progress=progress)
     if loaded.head_left_out:   # the installed head sits out here: the target's costs alone
         names = [n for n in names if n != "head"]
-        print(f"head {options.head.name}: sits out on this machine: {loaded.head_left_out}")
+        show(f"head {options.head.name}: sits out on this machine: {loaded.head_left_out}")
     try:
         costs = loaded.stage_costs(loaded.stages(names))   # a head times its own steps
     finally:
         loaded.close()
-    print(f"target {model.name}: " + "  ".join(f"{n}: {ms} ms" for n, ms in costs.to_dict()["target_ms"].items()))
+    show(f"target {model.name}: " + "  ".join(f"{n}: {ms} ms" for n, ms in costs.to_dict()["target_ms"].items()))
     if costs.draft:
-        print(f"draft {draft.name}: " + "  ".join(f"{n}: {ms} ms" for n, ms in costs.to_dict()["draft_ms"].items()))
+        show(f"draft {draft.name}: " + "  ".join(f"{n}: {ms} ms" for n, ms in costs.to_dict()["draft_ms"].items()))
     if costs.switch:
         print(f"changing the batch shape and back (CUDA graphs rebuilt): {1e3 * costs.switch:.2f} ms")
     if costs.tiled_min is not None:

@@ -19,6 +19,7 @@ from localspec.engine.options import check_values, within
 
 from .head_sources import add_source_flags
 from .paths import resolve_models
+from .terminal import show   # a head's meta and paths quote file names
 
 
 # a generated continuation: prompt tokens kept, tokens generated (each prompt token costs about a
@@ -161,9 +162,9 @@ def _info(path: Path) -> int:
     meta, _ = read_head(path)
     for key, value in meta.items():
         if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
-            print(f"{key}:" + "".join(f"\n  {v}" for v in value))   # e.g. the text, a source a line
+            show(f"{key}:" + "".join(f"\n  {v}" for v in value))   # e.g. the text, a source a line
         else:
-            print(f"{key}: {value}")
+            show(f"{key}: {value}")
     return 0
 
 
@@ -293,10 +294,10 @@ def _train_corpus(args: argparse.Namespace, model: Path, out: Path, corpus, repo
 
 def _wrote(args: argparse.Namespace, out: Path, info: dict) -> None:
     """Where the head went (after the progress line is gone)."""
-    print(f"wrote {out}: {info['tokens']} tokens, draft vocabulary {info['draft_vocab']}, "
-          f"held-out top-1 by depth {info['held_out_top1']}")
-    print(f"installed: {args.model} drafts with it from now on (--no-head turns it off for a run)"
-          if args.out is None else f"use it with: --head {out}")
+    show(f"wrote {out}: {info['tokens']} tokens, draft vocabulary {info['draft_vocab']}, "
+         f"held-out top-1 by depth {info['held_out_top1']}")
+    show(f"installed: {args.model} drafts with it from now on (--no-head turns it off for a run)"
+         if args.out is None else f"use it with: --head {out}")
 
 
 def _tokens_per_doc(corpus, n_docs: int) -> list[int]:

@@ -82,6 +82,14 @@ def test_import_and_list_show_the_control_characters_of_a_path(tiny, tmp_path):
         assert raw_controls(proc.stdout) == [] and "t␛[8m␛[2J.gguf" in proc.stdout.decode()
 
 
+def test_calibrate_shows_the_control_characters_of_a_model_name(tiny, tmp_path):
+    model = tmp_path / "t\x1b]0;pwned\x07.gguf"
+    model.write_bytes(Path(tiny.target_gguf).read_bytes())
+    proc = run_cli("calibrate", "--model", str(model), "--ctx", "256", "--threads", "1")
+    assert_quiet_success(proc)
+    assert raw_controls(proc.stdout) == [] and "target t␛]0;pwned␇.gguf:" in proc.stdout.decode()
+
+
 # ---- the chat screen without a terminal --------------------------------------------------------
 @pytest.mark.parametrize("stdin", [b"hi\n", subprocess.DEVNULL])
 def test_chat_screen_without_a_terminal_names_line_mode(stdin):
