@@ -109,9 +109,6 @@ class AdaptiveBudget:
         self._seconds[arm] = self._seconds[arm] * self.decay + seconds
         self._plays[arm] += 1
 
-    def best(self) -> Arm:
-        return self.arms[self._best()]
-
     def state(self) -> dict:
         """The estimates, by arm name, to carry to the next run (learnt.py)."""
         return {str(a): [self._tokens[i], self._seconds[i], self._plays[i]] for i, a in enumerate(self.arms)}

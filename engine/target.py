@@ -52,7 +52,6 @@ class Target:
         self._layout: TreeLayout | None = None
         self._alone = False                  # the last verify decoded its root alone, unpadded
         self._pos = np.zeros(model.n_batch, np.int32)
-        self._hidden_at = -1                 # batch row of the root's parent in the last decode
         self.exact = model.exact
         self._pending: list[int] = []        # exact mode: committed tokens not in the cache yet
         self._row0 = 0                       # batch row of the tree's root in the last verify
@@ -65,18 +64,9 @@ class Target:
         return self.model.vocab_size
 
     @property
-    def max_leaves(self) -> int:
-        return self.model.n_seq_max
-
-    @property
     def room(self) -> int:
         """Cache cells left for a tree (the root included)."""
         return self.model.n_ctx - self.n_past - len(self._pending)
-
-    @property
-    def pending(self) -> int:
-        """Exact numerics: accepted tokens to decode again at the head of the next batch."""
-        return len(self._pending)
 
     @property
     def tokens(self) -> list[int]:
@@ -117,7 +107,6 @@ class Target:
         del self._tokens[keep:]
         self.n_past = keep
         self._layout = None
-        self._hidden_at = -1
         self._new = None
         self._pending = []
         self.redecoded = 0
@@ -139,16 +128,7 @@ class Target:
             tail = min(self.hidden_tail, len(tokens), self.model.n_batch) if self.model.hidden else 1
             self.model.prefill(tokens, self.n_past, hidden_tail=tail)
             self.n_past += len(tokens)
-            self._hidden_at = tail - 1   # with hidden states prefill decodes its tail alone, last
             self._new = (self.n_past - tail, np.arange(tail))
-
-    def last_hidden(self) -> np.ndarray | None:
-        """[n_embd] the target's final hidden state at the token before the root (whose logits
-        chose the root), from the last decode; None when there is none (a one-token prompt, or
-        the model was opened without hidden states). Valid until the next verify."""
-        if self._hidden_at < 0 or not self.model.hidden:
-            return None
-        return self.model.hidden_row(self._hidden_at)
 
     def new_hidden(self) -> tuple[int, np.ndarray] | None:
         """The target's final hidden states of the tokens the last prefill (its tail) or commit
@@ -210,8 +190,7 @@ class Target:
             raise RuntimeError("commit() without a verify()")
         last = path[-1] if path else 0
         k = self._row0                  # pending tokens decoded ahead of the tree
-        self._hidden_at = k + last      # tree node i is batch row k + i
-        self._new = (self.n_past + k, k + np.asarray([0, *path]))
+        self._new = (self.n_past + k, k + np.asarray([0, *path]))   # tree node i is batch row k + i
         self._layout = None
         self._tokens += [int(tree.tokens[node]) for node in (0, *path)]
         if self._alone:   # a root decoded alone in sequence 0, unpadded: nothing to roll back

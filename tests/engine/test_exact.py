@@ -201,8 +201,9 @@ def _hole_round(model: LlamaModel, prompt: list[int], ordered: bool,
     z = tree.add(y, 43, 0.0, 0)                # row 4: accepted
     first = target.verify(tree)[[y, z]].copy()
     target.commit(tree, [y, z])
-    assert target.pending == (2 if ordered else 0)     # y and z sit behind the rejected row 1
-    hidden = target.last_hidden().copy() if model.hidden else None
+    # ordered: y and z sit behind the rejected row 1, so only the root stays and they wait
+    assert target.n_past == len(prompt) + (0 if ordered else 2)
+    hidden = target.new_hidden()[1][-1] if model.hidden else None   # z's row: a copy
     nxt = DraftTree(next_nodes + 1)
     nxt.reset(44)
     for i in range(next_nodes):

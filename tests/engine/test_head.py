@@ -226,8 +226,9 @@ def test_embedding_rows_outside_the_draft_vocabulary_come_from_the_file(tiny, ti
     assert len(head._extra) <= 8
 
 
-def test_last_hidden_is_the_state_before_the_root_after_prefill_and_a_padded_tree(tiny):
-    """The row the head drafts from: after prefill, and after a padded verify that commits a path."""
+def test_new_hidden_holds_the_states_a_prefill_and_a_padded_commit_put_in_the_cache(tiny):
+    """The rows the head drafts from: a prefill's last token, then the root and the accepted path
+    of a padded verify (not its rejected sibling, not the padding)."""
     from localspec.engine.target import Target
     from localspec.engine.tree import DraftTree
 
@@ -240,12 +241,14 @@ def test_last_hidden_is_the_state_before_the_root_after_prefill_and_a_padded_tre
         target.reset()
         target.prefill(prompt[:-1])
 
-        def expected(tokens):   # the hidden state after the last of `tokens`, decoded plainly
+        def expected(tokens):   # [len(tokens), n_embd] hidden states of `tokens`, decoded plainly
             fresh.clear()
             fresh.decode(tokens, np.arange(len(tokens)), logits=True)
-            return fresh.hidden_row(len(tokens) - 1).copy()
+            return fresh.hidden_rows().copy()
 
-        np.testing.assert_allclose(target.last_hidden(), expected(prompt[:-1]), atol=1e-3, rtol=1e-3)
+        start, rows = target.new_hidden()
+        assert start == len(prompt) - 2 and len(rows) == 1
+        np.testing.assert_allclose(rows, expected(prompt[:-1])[-1:], atol=1e-3, rtol=1e-3)
         tree = DraftTree(16)
         tree.reset(prompt[-1])
         a = tree.add(0, 11, 0.0, 0)
@@ -253,9 +256,11 @@ def test_last_hidden_is_the_state_before_the_root_after_prefill_and_a_padded_tre
         b = tree.add(a, 13, 0.0, 0)
         target.verify(tree, pad_to=8)
         target.commit(tree, [a, b])
-        np.testing.assert_allclose(target.last_hidden(), expected(prompt + [11, 13]), atol=1e-3, rtol=1e-3)
+        start, rows = target.new_hidden()
+        assert start == len(prompt) - 1    # the root's position, then the path's
+        np.testing.assert_allclose(rows, expected(prompt + [11, 13])[-3:], atol=1e-3, rtol=1e-3)
         target.reset()
-        assert target.last_hidden() is None
+        assert target.new_hidden() is None
     finally:
         model.close()
         fresh.close()
