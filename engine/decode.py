@@ -115,7 +115,7 @@ class Engine:
             for d in self.stages:
                 d.accept(new)
             self.policy.observe(tree, walk.path, new, sampling.greedy, watch.started + owed)
-            watch.lap("accept")
+            watch.lap("observe")
             if reason:
                 text += stream.flush()
             if emitted or text:

@@ -12,7 +12,9 @@ import numpy as np
 
 from .tree import DraftTree
 
-PHASES = ("prefill", "propose", "verify", "accept", "commit")
+# a round's phases, in order: "accept" is the walk down the verified tree, "observe" the emit and
+# what the drafters and the policy are told of the round
+PHASES = ("prefill", "propose", "verify", "accept", "commit", "observe")
 
 
 @dataclass

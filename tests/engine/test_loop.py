@@ -12,6 +12,7 @@ from localspec.engine.generation import finish
 from localspec.engine.policy import HOLD, make_policy
 from localspec.engine.session import Session
 from localspec.engine.shapes import BUCKET_SIZES, Shapes
+from localspec.engine.stats import PHASES
 from localspec.engine.options import Options
 from test_cascade import PROMPT
 from test_greedy_equality import PROMPTS as GREEDY_PROMPTS
@@ -136,6 +137,7 @@ def test_a_round_is_charged_without_the_catching_up_its_stages_owe(tiny):
     finally:
         session.close()
     assert len(charged) == got.stats.target_calls and got.stats.seconds["propose"] >= slow   # they ran
+    assert set(got.stats.seconds) == set(PHASES) and min(got.stats.seconds.values()) > 0   # each lapped
     assert max(charged) < slow, sorted(charged)[-5:]
     # each stage's own time is counted apart from what it caught up on
     stages = got.stats.stages
