@@ -132,9 +132,8 @@ class ConversationList:
     @reported
     async def delete_conversation(self: ChatScreen, conversation_id: str) -> None:
         if self.reply is not None and self.reply.conversation_id == conversation_id:
-            self.app.engine_call("stop", self.reply.request_id)
-            self.dropped.add(self.reply.request_id)
-            self.reply = None
+            self.cancel_reply()
+            self.reply = None     # its rows go with the conversation
         self.history.delete(conversation_id)
         self.app.engine_call("forget", conversation_id)
         await self.reload_conversations()

@@ -52,10 +52,7 @@ class HistoryFailure:
         stops where its text was last saved, and the notice says what failed and the fix. What is
         on screen and the unsent text stay."""
         self.app.history_failure = err
-        reply, self.reply = self.reply, None
-        if reply is not None:
-            self.app.engine_call("stop", reply.request_id)
-            self.dropped.add(reply.request_id)
+        reply, self.reply = self.cancel_reply(), None
         if not self.query("#notice"):
             return      # the screen is going (a quit saving the reply): said when the command ends
         if reply is not None and reply.view is not None:

@@ -66,17 +66,24 @@ class ReplyStream:
                              top_p=s.top_p, top_k=s.top_k, seed=seed, max_tokens=s.max_tokens,
                              system=s.system_prompt or None, conversation=conv.id)
 
+    def cancel_reply(self: ChatScreen) -> Reply | None:
+        """Stop the reply in flight, if any: the engine is told to stop and its late events for
+        it are dropped. The reply stays `self.reply` (a history that fails while it is finished
+        still finds it in flight); the caller finishes it or lets it go."""
+        reply = self.reply
+        if reply is not None:
+            self.app.engine_call("stop", reply.request_id)
+            self.dropped.add(reply.request_id)
+        return reply
+
     @reported
     async def action_stop(self: ChatScreen) -> None:
-        if self.reply is None:
-            if self.editing_seq is not None:
-                self.editing_seq = None
-                self.query_one("#prompt", PromptInput).clear()
-                self.show_notice("")
-            return
-        self.app.engine_call("stop", self.reply.request_id)
-        self.dropped.add(self.reply.request_id)
-        await self.finish("stopped")
+        if self.cancel_reply() is not None:
+            await self.finish("stopped")
+        elif self.editing_seq is not None:
+            self.editing_seq = None
+            self.query_one("#prompt", PromptInput).clear()
+            self.show_notice("")
 
     # ---- engine events ------------------------------------------------------------------------
     @reported
@@ -155,9 +162,8 @@ class ReplyStream:
     @reported
     def save_reply_in_flight(self: ChatScreen) -> None:
         """Leaving (quit, or the model failed): the reply in flight is kept, marked stopped."""
-        reply = self.reply
+        reply = self.cancel_reply()
         if reply is not None:
-            self.app.engine_call("stop", reply.request_id)
             self.history.finish_reply(reply.message_id, reply.text, "stopped", None, reply.segments)
             self.reply = None
 
