@@ -109,7 +109,7 @@ class Server:
             tokens, sampling, max_tokens = self._parse(request)
             if conversation != self._conversation:
                 self._switch_to(conversation, tokens)
-            self._stream(rid, tokens, sampling, max_tokens)
+            self._stream(rid, tokens, sampling, max_tokens, _check_stop(request.get("stop") or []))
         finally:
             self.inbox.done(rid)
         if conversation is not None:   # its reply is out: keep its cache for the next time
@@ -141,7 +141,8 @@ class Server:
         self._left_out, self._dropped = fitted.left_out, fitted.dropped
         return fitted.tokens, sampling, max_tokens
 
-    def _stream(self, rid: str, tokens: list[int], sampling: SamplingParams, max_tokens: int) -> None:
+    def _stream(self, rid: str, tokens: list[int], sampling: SamplingParams, max_tokens: int,
+                stop: tuple[str, ...] = ()) -> None:
         """Send a Token per round whose text is final (the tokens of rounds whose text is still
         held back travel with the next text, so a Token's pieces can be cut by token), then Done."""
         t0 = time.perf_counter()
@@ -156,7 +157,7 @@ class Server:
 
         # A stop is asked for between rounds: the engine ends there and finishes with its statistics.
         # reuse: the cache still holds the conversation's last turn, and this one starts with it
-        stream = self.session.generate(tokens, max_tokens=max_tokens, sampling=sampling,
+        stream = self.session.generate(tokens, max_tokens=max_tokens, sampling=sampling, stop=stop,
                                        should_stop=lambda: self.inbox.stopped(rid), reuse=True)
         for event in stream:
             match event:
@@ -222,6 +223,13 @@ def _check_messages(messages: object) -> list[dict]:
     return [{"role": m["role"], "content": m["content"]} for m in messages]
 
 
+def _check_stop(stop: object) -> tuple[str, ...]:
+    if not (isinstance(stop, list) and all(isinstance(s, str) and s for s in stop)):
+        raise LocalspecError("Bad stop strings", f"expected a list of non-empty strings, got {str(stop)[:200]}",
+                             "Send stop as a list of strings")
+    return tuple(stop)
+
+
 def write_event(out: IO[str], event: Calibrating | Ready | Token | Done | Error) -> None:
     out.write(encode_event(event) + "\n")
     out.flush()
@@ -248,7 +256,7 @@ def ready_event(session: Session) -> Ready:
                 layers = min(layers, int(blocks))
             device = f"GPU ({gpu})"
     return Ready(str(model.path), str(session.cfg.draft) if session.cfg.draft else None, device,
-                 layers, [d.name for d in session.stages], session.head_left_out)
+                 layers, [d.name for d in session.stages], session.head_left_out, model.n_ctx)
 
 
 def _claim_stdout() -> IO[str]:

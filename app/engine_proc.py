@@ -29,7 +29,7 @@ import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass, field, fields
-from typing import IO, Iterator, Union
+from typing import IO, Iterator, Sequence, Union
 
 from localspec.engine.errors import LocalspecError
 from localspec.engine.options import Options
@@ -46,6 +46,7 @@ class Ready:
     gpu_layers: int             # layers offloaded to the GPU (0 on CPU)
     stages: list[str]           # drafters, cheapest first; [] without speculation
     head_left_out: str | None = None   # why the model's installed draft head sits out here
+    n_ctx: int = 0              # the context the engine opened, in tokens (0: not told)
 
 
 @dataclass(frozen=True)
@@ -214,22 +215,24 @@ class EngineProcess:
     # ---- requests -------------------------------------------------------------------------------
     def generate(self, request_id: str, messages: list[dict], *, temperature: float = 0.0,
                  top_p: float = 0.95, top_k: int = 40, seed: int = 0, max_tokens: int = 512,
-                 system: str | None = None, conversation: str | None = None) -> None:
+                 system: str | None = None, conversation: str | None = None,
+                 stop: Sequence[str] = ()) -> None:
         """Reply to chat messages [{"role", "content"}] through the model's chat template.
         conversation: its id, under which the engine keeps the conversation's cache between
-        turns and across restarts (engine/snapshots.py)."""
+        turns and across restarts (engine/snapshots.py). stop: strings that end the reply (left out
+        of it)."""
         self._send(request_id, {"op": "generate", "id": request_id, "messages": messages,
                                 "system": system, "temperature": temperature, "top_p": top_p,
                                 "top_k": top_k, "seed": seed, "max_tokens": max_tokens,
-                                "conversation": conversation})
+                                "conversation": conversation, "stop": list(stop)})
 
     def generate_raw(self, request_id: str, prompt: str, *, temperature: float = 0.0,
                      top_p: float = 0.95, top_k: int = 40, seed: int = 0, max_tokens: int = 512,
-                     system: str | None = None) -> None:
+                     system: str | None = None, stop: Sequence[str] = ()) -> None:
         """Plain completion of prompt, no chat template (system is ignored)."""
         self._send(request_id, {"op": "generate", "id": request_id, "prompt": prompt,
                                 "temperature": temperature, "top_p": top_p, "top_k": top_k,
-                                "seed": seed, "max_tokens": max_tokens})
+                                "seed": seed, "max_tokens": max_tokens, "stop": list(stop)})
 
     def stop(self, request_id: str) -> None:
         """Stop that generation at its next round; Done(finish_reason="stopped") follows."""
