@@ -68,25 +68,31 @@ def compose_question(question: str | None, piped: str | None) -> str:
 
 
 def plan(args: argparse.Namespace, piped: str | None) -> AskPlan:
-    flags = given(args)
-    run = over(load_settings(), settings_flags(flags))   # the chat's rule: flags for this run only
+    run, options = settings_run(given(args))
     if args.system is not None:
         run = replace(run, system_prompt=args.system)
+    messages = [{"role": "user", "content": compose_question(args.question, piped)}]
+    if run.system_prompt:
+        messages.insert(0, {"role": "system", "content": run.system_prompt})
+    return AskPlan(run, messages, options)
+
+
+def settings_run(flags: dict[str, object]) -> tuple[Settings, Options]:
+    """The chat's settings with this run's flags over them (the chat's rule: flags for this run
+    only), and the engine options they ask for; ask's and serve's."""
+    run = over(load_settings(), settings_flags(flags))
     if not run.model:
         raise LocalspecError("No model configured",
                              f"no --model given and the settings ({settings_path()}) name none",
                              "Pass --model PATH.gguf, or install a model and name it: "
                              "localspec pull NAME, or localspec import NAME FILE.gguf")
-    messages = [{"role": "user", "content": compose_question(args.question, piped)}]
-    if run.system_prompt:
-        messages.insert(0, {"role": "system", "content": run.system_prompt})
     sampled = SamplingParams(temperature=run.temperature, top_k=run.top_k, top_p=run.top_p,
-                             seed=flags.get("seed", 0))   # a one-shot is reproducible by default
+                             seed=flags.get("seed", 0))   # reproducible by default
     base = options_from_flags(flags, Options(run.model, sampling=sampled, max_tokens=run.max_tokens))
     options = settings_options(run, base)
     if "draft" in flags:      # a draft given is used, whatever stages the settings keep
         options = replace(options, use_draft=True)
-    return AskPlan(run, messages, options)
+    return run, options
 
 
 def read_piped(stdin: TextIO, n_ctx: int) -> str | None:
