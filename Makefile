@@ -16,7 +16,7 @@ $(VENV)/.installed: pyproject.toml packaging/build-llama-wheel.sh $(wildcard pac
 		$(BIN)/pip install -q --force-reinstall --no-deps "$$whl" && \
 		rm -rf $(VENV)/avx2-ggml && if [ -d "$$(dirname "$$whl")/avx2" ]; then \
 		cp -rP "$$(dirname "$$whl")/avx2" $(VENV)/avx2-ggml; fi
-	$(BIN)/pip install -q -e ".[test]"
+	$(BIN)/pip install -q -e ".[test,serve]"
 	touch $@
 
 install: $(VENV)/.installed

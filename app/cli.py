@@ -359,6 +359,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .head_cmd import add_head
     from .models_cmd import add_models_commands
     from .ngram_cmd import add_ngram
+    from .serve import add_serve
 
     parser = argparse.ArgumentParser(prog="localspec", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"localspec {_version()}")
@@ -371,6 +372,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_ngram(sub)
     add_head(sub)
     add_models_commands(sub)
+    add_serve(sub)
     return parser
 
 

@@ -1,0 +1,185 @@
+"""`localspec serve` on the tiny models, through the real `openai` client (issue 44).
+
+One server for the module, started as a user starts it (tests/serve_server.py); a few tests start
+their own (an API key, a signal). What they hold: the client's plain and streamed replies are the
+engine's own greedy replies, token for token; stop strings, usage and the statistics header; a
+shared prefix served from the cache; several clients at once all answered, in order, or refused
+with 503 and Retry-After, and the server healthy after; an API key checked; SIGINT and SIGTERM
+end it cleanly with the engine process gone.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+
+import httpx2 as httpx
+import openai
+import pytest
+from serve_server import CLI, start_server
+
+from localspec.engine.options import Options
+from localspec.engine.session import Session
+
+CHAT = [{"role": "user", "content": "Write a function that returns the largest number in a list."}]
+RAW = "class Stack:\n"
+CTX = "2048"
+
+
+@pytest.fixture(scope="module")
+def server(tiny):
+    served = start_server(tiny, "--ctx", CTX, "--fixed-budget", "--queue", "2", "--read-timeout", "2")
+    yield served
+    assert served.stop(signal.SIGTERM) == 0, served.log_text()[-2000:]
+
+
+@pytest.fixture()
+def client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def expected(tiny):
+    """In-process greedy replies of the same target: (chat text, raw text)."""
+    session = Session(Options(model=tiny.target_gguf, speculation=False, n_ctx=int(CTX)))
+    try:
+        chat = session.run(session.chat_prompt(CHAT), max_tokens=64)
+        raw = session.run(session.raw_prompt(RAW), max_tokens=64)
+    finally:
+        session.close()
+    return chat.text, len(chat.tokens), raw.text
+
+
+def test_plain_and_streamed_replies_are_the_engines_own(client, expected):
+    (model,) = client.models.list().data
+    assert model.id == "target"
+    plain = client.chat.completions.create(model=model.id, messages=CHAT, temperature=0, max_tokens=64)
+    assert plain.choices[0].message.content == expected[0]
+    assert plain.choices[0].finish_reason == "stop"
+    assert plain.usage.completion_tokens == expected[1] and plain.usage.prompt_tokens > 0
+
+    stream = client.chat.completions.create(model=model.id, messages=CHAT, temperature=0, max_tokens=64,
+                                            stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == expected[0]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+    assert chunks[-1].usage.completion_tokens == expected[1]
+
+    raw = client.completions.create(model=model.id, prompt=RAW, temperature=0, max_tokens=64)
+    assert raw.choices[0].text == expected[2]
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model=model.id, prompt=RAW, temperature=0, max_tokens=64, stream=True))
+    assert streamed == expected[2]
+
+
+def test_stop_strings_max_tokens_and_the_statistics_header(client, expected):
+    stop = expected[2][12:16]
+    raw = client.completions.create(model="target", prompt=RAW, max_tokens=64, stop=[stop])
+    assert raw.choices[0].text == expected[2][:expected[2].index(stop)]
+    assert raw.choices[0].finish_reason == "stop"
+
+    short = client.chat.completions.create(model="target", messages=CHAT, max_completion_tokens=3)
+    assert short.choices[0].finish_reason == "length" and short.usage.completion_tokens == 3
+
+    response = client.chat.completions.with_raw_response.create(model="target", messages=CHAT, max_tokens=16)
+    header = response.headers["x-localspec-stats"]
+    assert "tokens_per_call=" in header and "accepted=" in header and "gguf-draft:" in header
+    assert response.parse().choices[0].message.content
+
+
+def test_a_shared_prefix_is_served_from_the_cache(client):
+    system = {"role": "system", "content": "You review Python code. " * 40}
+    first = client.chat.completions.create(model="target", messages=[system, *CHAT], max_tokens=8)
+    turn = [system, *CHAT, {"role": "assistant", "content": first.choices[0].message.content},
+            {"role": "user", "content": "Now make it shorter."}]
+    second = client.chat.completions.create(model="target", messages=turn, max_tokens=8)
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert cached >= first.usage.prompt_tokens - 2, (cached, first.usage.prompt_tokens)
+
+
+def test_refusals_name_the_parameter(client):
+    for kwargs, param in [({"n": 2}, "n"), ({"logprobs": True}, "logprobs"),
+                          ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
+                          ({"max_tokens": 0}, "max_tokens"), ({"max_tokens": 10**6}, "max_tokens"),
+                          ({"temperature": 7}, "temperature"), ({"presence_penalty": 1.0}, "presence_penalty")]:
+        with pytest.raises(openai.BadRequestError) as err:
+            client.chat.completions.create(model="target", messages=CHAT, **kwargs)
+        assert err.value.status_code == 400 and err.value.body["param"] == param, (kwargs, err.value.body)
+        assert "Traceback" not in err.value.message
+
+
+def test_several_clients_at_once_are_answered_in_order_or_refused(server, client):
+    """Queue of 2: of 8 requests sent at once, one runs, two wait, the rest get 503 at once."""
+    results: dict[int, tuple[int, float, str]] = {}
+
+    def send(i: int) -> None:
+        r = httpx.post(f"{server.url}/chat/completions", timeout=120, json={
+            "model": "target", "messages": [{"role": "user", "content": f"Write function number {i}."}],
+            "temperature": 2.0, "top_k": 0, "seed": i, "max_tokens": 40})
+        results[i] = (r.status_code, time.monotonic(), r.text if r.status_code != 200 else r.json()["id"],
+                      r.headers.get("retry-after"))
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=180)
+    assert len(results) == 8                                     # none lost
+    answered = sorted((int(rid.split("-")[1]), t) for code, t, rid, _ in results.values() if code == 200)
+    refused = [(body, retry) for code, _, body, retry in results.values() if code == 503]
+    assert len(answered) + len(refused) == 8 and 1 <= len(answered) <= 3 and refused
+    assert [t for _, t in answered] == sorted(t for _, t in answered)   # finished in arrival order
+    assert all('"code":"queue_full"' in body and int(retry) >= 1 for body, retry in refused)
+    assert server.healthy()
+    assert client.chat.completions.create(model="target", messages=CHAT, max_tokens=4).choices
+
+
+def test_an_api_key_is_checked_and_required_beyond_this_machine(tiny):
+    refused = subprocess.run([*CLI, "serve", "--model", str(tiny.target_gguf), "--host", "0.0.0.0"],
+                             capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and "--api-key" in refused.stderr and "Traceback" not in refused.stderr
+
+    key = "s3cret-key-for-tests"
+    served = start_server(tiny, "--ctx", CTX, "--fixed-budget", "--no-personal", env={"LOCALSPEC_API_KEY": key})
+    try:
+        assert "s3cret" not in " ".join(served.lines)
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=served.url, api_key="wrong-key-123", max_retries=0).models.list()
+        good = openai.OpenAI(base_url=served.url, api_key=key, max_retries=0)
+        assert good.chat.completions.create(model="target", messages=CHAT, max_tokens=4).choices
+        assert served.healthy()   # /health needs no key
+    finally:
+        assert served.stop(signal.SIGTERM) == 0
+
+
+def test_sigint_mid_stream_ends_the_server_and_its_engine(tiny):
+    served = start_server(tiny, "--ctx", CTX, "--fixed-budget", "--no-personal")
+    engines = _children(served.proc.pid)
+    assert engines
+    with httpx.stream("POST", f"{served.url}/chat/completions", timeout=60, json={
+            "messages": CHAT, "stream": True, "temperature": 2.0, "top_k": 0, "max_tokens": 1500}) as r:
+        lines = r.iter_lines()
+        assert next(lines).startswith("data: ")
+        t0 = time.monotonic()
+        status = served.stop(signal.SIGINT)
+    assert status == 130 and time.monotonic() - t0 < 15
+    assert "Traceback" not in served.log_text()
+    for pid in engines:
+        assert not _alive(pid)
+
+
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:       # a zombie has exited
+        return f.read().split(")")[-1].split()[0] != "Z"
