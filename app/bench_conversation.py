@@ -1,9 +1,10 @@
 """`localspec bench --workload conversation|conversation-long`: multi-turn chats, turn by turn.
 
-Each configuration runs each conversation twice, from an empty cache: once as every earlier
-version did (every turn prefills the whole conversation: "NAME") and once keeping the cache
-between turns ("NAME+cache": a turn prefills only what the cache lacks, engine/target.py's
-keep_prefix). A turn's prompt is the conversation so far through the chat template, the replies
+Each configuration runs each conversation three times, from an empty cache: as every earlier
+version did (every turn prefills the whole conversation: "NAME"), keeping the cache between turns
+("NAME+cache": a turn prefills only what the cache lacks, engine/target.py's keep_prefix), and as
+after a restart before every turn ("NAME+restart": the cache emptied, then the conversation's
+snapshot loaded from disk, engine/snapshots.py, its loading timed with the turn). A turn's prompt is the conversation so far through the chat template, the replies
 being that run's own. Measured per turn: time to first token (from the request to the first
 emitted token: prefill, then the first round), the decode's tokens a second, and the whole
 turn's latency. Configurations share one loaded target (bench.py's engines), so each run starts
@@ -11,6 +12,7 @@ by clearing its cache: no run inherits another's.
 """
 from __future__ import annotations
 
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +26,7 @@ from localspec.engine.llama_model import gpu_offload_supported
 from localspec.engine.native import switches
 from localspec.engine.options import Options
 from localspec.engine.session import draft_runs_in_torch
+from localspec.engine.snapshots import Snapshots, snapshot_key
 
 from .bench import _engines, config
 
@@ -57,8 +60,10 @@ class Run:
 
 
 def run_turns(engine, model, turns: Sequence[str], max_tokens: int, sampling: SamplingParams,
-              reuse: bool) -> list[Turn]:
-    """One conversation through `engine` from an empty cache; each turn's figures."""
+              reuse: bool, snapshots: Snapshots | None = None) -> list[Turn]:
+    """One conversation through `engine` from an empty cache; each turn's figures. snapshots:
+    as after a restart, each turn starts from an empty cache and the conversation's snapshot,
+    saved after the last turn (its loading counts in the turn's time to first token)."""
     engine.target.reset()
     history: list[dict] = []
     out = []
@@ -66,6 +71,9 @@ def run_turns(engine, model, turns: Sequence[str], max_tokens: int, sampling: Sa
         history.append({"role": "user", "content": text})
         prompt = chat_tokens(model, history)
         started = time.perf_counter()
+        if snapshots is not None:
+            engine.target.reset()
+            snapshots.restore("bench", engine.target, prompt[:-1])
         first = None
         for event in engine.generate(GenerationRequest(tuple(prompt), max_tokens, sampling, reuse=reuse)):
             if isinstance(event, Round) and event.tokens and first is None:
@@ -77,6 +85,8 @@ def run_turns(engine, model, turns: Sequence[str], max_tokens: int, sampling: Sa
         out.append(Turn(len(prompt), st.reused_tokens, first if first is not None else seconds,
                         st.seconds["prefill"], seconds, st.tokens, st.decode_seconds, gen.text))
         history.append({"role": "assistant", "content": gen.text})
+        if snapshots is not None:
+            snapshots.save("bench", engine.target)
     return out
 
 
@@ -94,24 +104,30 @@ def run_conversation_bench(target: Path, draft: Path | None,
     neural = (("torch-draft",) if in_torch else ("draft",)) if draft is not None else ()
     gpu = gpu_offload_supported() and options.n_gpu_layers != 0
     loaded = load(options, neural, measure=any(config(n).budget.adaptive for n in names) or gpu)
+    scratch = tempfile.TemporaryDirectory(prefix="localspec-bench-kv-")   # the "+restart" snapshots
     try:
         skipped: dict[str, list[str]] = {}
         engines = _engines(loaded, store, names, skipped)
         for name, missing in skipped.items():
             progress(f"skipped {name}: it needs {' and '.join(missing)}")
-        runs = {f"{n}{suffix}": Run(f"{n}{suffix}") for n in engines for suffix in ("", "+cache")}
+        disk = Snapshots(Path(scratch.name), snapshot_key(loaded.model))
+        variants = (("", False, None), ("+cache", True, None), ("+restart", True, disk))
+        runs = {f"{n}{suffix}": Run(f"{n}{suffix}") for n in engines for suffix, _, _ in variants}
         started = time.time()
         for conv, turns in conversations:
             with switches(loaded.numerics):
                 for name, engine in engines.items():
-                    for suffix, reuse in (("", False), ("+cache", True)):
+                    for suffix, reuse, snapshots in variants:
                         run = runs[name + suffix]
-                        run.turns[conv] = run_turns(engine, loaded.model, turns, max_tokens, sampling, reuse)
+                        run.turns[conv] = run_turns(engine, loaded.model, turns, max_tokens, sampling,
+                                                    reuse, snapshots)
+                        disk.forget("bench")
                         progress(f"{conv} {run.name}: time to first token " + " ".join(
                             f"{t.ttft:.2f}" for t in run.turns[conv]) + " s")
         return _report(runs, conversations, target, max_tokens, sampling, time.time() - started)
     finally:
         loaded.close()
+        scratch.cleanup()
 
 
 def _report(runs: dict[str, Run], conversations, target: Path, max_tokens: int,

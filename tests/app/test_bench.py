@@ -193,20 +193,23 @@ def test_adaptive_n_names_a_budget_and_bad_names_name_the_choices(tiny, tmp_path
 
 
 def test_the_conversation_workload_runs_each_configuration_fresh_and_with_the_cache_kept(tiny, tmp_path):
-    """bench --workload conversation: every configuration twice, turn by turn; the "+cache" runs
-    keep the last turn's cache (so prefill less) and say the same as the fresh runs; every turn
-    has its time to first token."""
+    """bench --workload conversation: every configuration three times, turn by turn; the "+cache"
+    runs keep the last turn's cache (so prefill less), the "+restart" runs load it from disk, and
+    both say the same as the fresh runs; every turn has its time to first token."""
     from localspec.app import bench_conversation
 
     talks = [("two-turns", ["Write a function that adds 2 to a number.", "Now make it add 3."])]
     report = bench_conversation.run_conversation_bench(
         tiny.target_gguf, None, talks, ["plain", "maxgram"], 24, SamplingParams(), 1024, n_threads=1)
-    assert [r["config"] for r in report["rows"]] == ["plain", "plain+cache", "maxgram", "maxgram+cache"]
+    assert [r["config"] for r in report["rows"]] == ["plain", "plain+cache", "plain+restart", "maxgram",
+                                                     "maxgram+cache", "maxgram+restart"]
     assert all(r["identical_turns"] == 2 and r["turns"] == 2 for r in report["rows"])
     first, second = report["turns"]
     for name in ("plain", "maxgram"):
         assert first[name + "+cache"]["reused_tokens"] == 0 == second[name]["reused_tokens"]
         assert second[name + "+cache"]["reused_tokens"] >= first["prompt_tokens"] - 1
+        # after a "restart" the snapshot of turn 1 serves turn 2 as the kept cache does
+        assert second[name + "+restart"]["reused_tokens"] == second[name + "+cache"]["reused_tokens"]
         assert all(0 < row[name]["ttft_s"] <= row[name]["turn_s"] for row in (first, second))
     table = bench_conversation.format_table(report)
     assert "maxgram+cache" in table and "two-turns" in table

@@ -337,3 +337,30 @@ def test_a_conversations_cache_outlives_the_engine_process(tiny, tmp_path, monke
         assert not saved[0].exists()
     finally:
         second.close()
+
+
+def test_a_chat_longer_than_the_context_goes_on_without_its_oldest_messages(tiny, tmp_path, monkeypatch):
+    """The chat screen's path: the engine process fits a conversation that outgrew its context
+    (engine/conversation.py) and says how many messages it left out; the reply still comes."""
+    monkeypatch.setenv("LOCALSPEC_DATA_DIR", str(tmp_path))
+    proc = EngineProcess(Options(model=str(tiny.target_gguf), n_ctx=256, personal=False, use_draft=False))
+    proc.start()
+    try:
+        ready(proc)
+        messages = []
+        for i in range(8):
+            messages += [{"role": "user", "content": f"Question {i}: write a function that adds {i} to x."},
+                         {"role": "assistant", "content": f"def add{i}(x):\n    return x + {i}\n" * 3}]
+        messages.append({"role": "user", "content": "And one that adds 9?"})
+        proc.generate("long", messages, max_tokens=16, system="Be brief.", conversation="c-long")
+        _, done = reply(proc, "long")
+        assert done.stats["dropped_messages"] > 0 and done.finish_reason in ("stop", "length")
+        assert done.stats["prompt_tokens"] + 16 <= done.stats["context_size"] == 256
+        proc.generate("next", messages + [{"role": "assistant", "content": done.text},
+                                          {"role": "user", "content": "Thanks."}],
+                      max_tokens=16, system="Be brief.", conversation="c-long")
+        _, later = reply(proc, "next")
+        assert later.stats["dropped_messages"] == done.stats["dropped_messages"]   # still out, no more
+        assert later.stats["reused_tokens"] >= done.stats["prompt_tokens"] - 1     # the cache kept
+    finally:
+        proc.close()
