@@ -280,6 +280,9 @@ def _errors(app: FastAPI) -> None:
         return JSONResponse(e.body(), status_code=e.status)
 
 
+_UNION_TAGS = frozenset({"str", "int", "float", "bool", "dict", "list", "none", "TextPart", "ContentPart"})
+
+
 def validation_error(err: RequestValidationError) -> ApiError:
     """The first problem pydantic found, with its parameter as OpenAI's `param`
     ("messages[0].content")."""
@@ -289,7 +292,10 @@ def validation_error(err: RequestValidationError) -> ApiError:
                         code="invalid_json")
     param = ""
     for part in first["loc"][1:] if first["loc"][:1] == ("body",) else first["loc"]:
-        param += f"[{part}]" if isinstance(part, int) else (f".{part}" if param else str(part))
+        if isinstance(part, int):
+            param += f"[{part}]"
+        elif part not in _UNION_TAGS and part.isidentifier():   # not a union member's tag ("list[str]")
+            param += f".{part}" if param else part
     where = param or "the body"
     return ApiError(400, printable(f"{where}: {first['msg']}"), param=param or None,
                     code="missing_parameter" if first["type"] == "missing" else "invalid_value")
