@@ -10,6 +10,8 @@ message, so that no path ends in a raw traceback.
   back into Python while it loads (its log), and a KeyboardInterrupt raised inside a ctypes
   callback is printed as "Exception ignored" and dropped, after which the command would run to
   its end and exit 0; such a dropped interrupt is delivered again until it lands in Python code.
+  Once the command is over, a Ctrl+C during the interpreter's exit is ignored, so the process
+  ends with the command's status (0 or 130), never killed by the signal half way through its exit.
 * A reader that leaves (`localspec generate … | head -c 5`) ends the command quietly (exit 0, as
   when the output was wanted no further); a closed stdout/stderr at start is replaced by
   /dev/null, so the descriptor is never reused for a file that output would then land in; what
@@ -23,6 +25,7 @@ message, so that no path ends in a raw traceback.
 """
 from __future__ import annotations
 
+import atexit
 import errno
 import os
 import signal
@@ -66,6 +69,12 @@ def _note_ctrl_c(signum, frame) -> None:
 
 def run_command(body: Callable[[], int]) -> int:
     """Run a command's body and return its exit status, whatever ends it (the module docstring)."""
+    status = _run_body(body)
+    _ignore_ctrl_c_at_exit()
+    return status
+
+
+def _run_body(body: Callable[[], int]) -> int:
     _prepare_std_streams()
     sys.unraisablehook = _redeliver_interrupts(sys.unraisablehook)
     _CTRL_C.clear()
@@ -102,6 +111,32 @@ def run_command(body: Callable[[], int]) -> int:
         return _fail(_render("Unexpected failure: this is a bug in localspec",
                              f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}{at}",
                              f"Run it again with {DEBUG_VAR}=1 for the traceback, and report it"))
+
+
+def _ignore_ctrl_c_at_exit() -> None:
+    """Once the command is over, a Ctrl+C can only land in the interpreter's exit, and there
+    CPython hands SIGINT back to the system's default before its last steps: the process would die
+    by the signal, its status neither the command's nor 130, nothing said. So the first exit
+    handler (registered last, run first) ignores it, and the process ends with the command's
+    status. A Ctrl+C before that raises in Python code and ends as anywhere else: 130 with
+    "interrupted" (uncaught: `quiet_uncaught_interrupts`), or dropped (0) where Python's exit
+    reports it as unraisable (`_redeliver_interrupts`)."""
+    global _exit_guarded
+    if _exit_guarded:
+        return
+    _exit_guarded = True
+
+    def ignore() -> None:
+        while signal.getsignal(signal.SIGINT) in (_note_ctrl_c, signal.default_int_handler):
+            try:
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
+            except KeyboardInterrupt:   # one pending: it ran first; the command is over anyway
+                continue
+
+    atexit.register(ignore)
+
+
+_exit_guarded = False   # the exit handler above is registered (run_command may run more than once)
 
 
 def _interrupted() -> int:
