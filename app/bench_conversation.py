@@ -21,6 +21,7 @@ from typing import Callable, Sequence
 from localspec.engine.build import load
 from localspec.engine.chat import chat_tokens
 from localspec.engine.config import GenerationRequest, SamplingParams, TreeBudget
+from localspec.engine.errors import LocalspecError
 from localspec.engine.generation import Finished, Round
 from localspec.engine.llama_model import gpu_offload_supported
 from localspec.engine.native import switches
@@ -29,6 +30,8 @@ from localspec.engine.session import draft_runs_in_torch
 from localspec.engine.snapshots import Snapshots, snapshot_key
 
 from .bench import _engines, config
+
+RUNS = ("", "+cache", "+restart")   # a configuration's runs: fresh, the cache kept, restarted
 
 
 @dataclass
@@ -95,7 +98,17 @@ def run_conversation_bench(target: Path, draft: Path | None,
                            max_tokens: int, sampling: SamplingParams, n_ctx: int, store=None,
                            progress: Callable[[str], None] = lambda s: None,
                            n_threads: int | None = None, exact: bool = False) -> dict:
-    """Every configuration, fresh and with the cache kept, on every conversation; the report."""
+    """Every configuration, fresh, with the cache kept and restarted (RUNS), on every
+    conversation; the report. A name with a run's suffix ("plain+cache") asks for that run alone."""
+    asked = {}                                    # configuration -> the runs asked of it
+    for n in names:
+        base, _, run = n.partition("+")
+        asked.setdefault(base, []).extend([f"+{run}"] if run else list(RUNS))
+    unknown = [r for runs in asked.values() for r in runs if r not in RUNS]
+    if unknown:
+        raise LocalspecError("Unknown conversation run", ", ".join(unknown),
+                             "Name a configuration alone (all three runs), or with +cache or +restart")
+    names = list(asked)
     in_torch = draft_runs_in_torch(draft)
     max_nodes = max(config(n).budget.max_nodes for n in names)
     options = Options(target, draft=draft, torch_draft=in_torch, speculation=True, n_ctx=n_ctx,
@@ -111,13 +124,16 @@ def run_conversation_bench(target: Path, draft: Path | None,
         for name, missing in skipped.items():
             progress(f"skipped {name}: it needs {' and '.join(missing)}")
         disk = Snapshots(Path(scratch.name), snapshot_key(loaded.model))
-        variants = (("", False, None), ("+cache", True, None), ("+restart", True, disk))
-        runs = {f"{n}{suffix}": Run(f"{n}{suffix}") for n in engines for suffix, _, _ in variants}
+        variants = {"": (False, None), "+cache": (True, None), "+restart": (True, disk)}
+        runs = {f"{n}{suffix}": Run(f"{n}{suffix}") for n in engines for suffix in variants
+                if suffix in asked[n]}
         started = time.time()
         for conv, turns in conversations:
             with switches(loaded.numerics):
                 for name, engine in engines.items():
-                    for suffix, reuse, snapshots in variants:
+                    for suffix, (reuse, snapshots) in variants.items():
+                        if suffix not in asked[name]:
+                            continue
                         run = runs[name + suffix]
                         run.turns[conv] = run_turns(engine, loaded.model, turns, max_tokens, sampling,
                                                     reuse, snapshots)

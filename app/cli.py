@@ -177,7 +177,8 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
                                                                  "conversation", "conversation-long"],
                    help="conversation, conversation-long: multi-turn chats, each turn's time to first "
                         "token with and without the cache kept between turns (default configs: plain, "
-                        "adaptive-nomodel, adaptive)")
+                        "adaptive-nomodel, adaptive; each runs fresh, +cache and +restart, or name "
+                        "one run: plain+cache)")
     p.add_argument("--limit", type=int, default=None, help="first N problems only")
     p.add_argument("--configs", default=None,
                    help="comma-separated (default: all but the head's, and with --head those too): "
@@ -213,7 +214,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     unknown = []
     for n in names:
         try:
-            bench.config(n)
+            bench.config(n.split("+")[0] if talks else n)   # conversation runs: NAME+cache, NAME+restart
         except KeyError:
             unknown.append(n)
     if unknown:
@@ -227,7 +228,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     counts = {"limit": args.limit, "learn_max_tokens": args.learn_max_tokens}
     check_values({k: v for k, v in counts.items() if v is not None},
                  {"limit": within("--limit", 1), "learn_max_tokens": within("--learn-max-tokens", 1)})
-    if "plain" not in names:
+    if not talks and "plain" not in names:
         names.insert(0, "plain")   # the baseline every speed-up and 'identical' refers to
 
     from .run_options import given, options_from_flags

@@ -223,3 +223,16 @@ def test_the_long_conversation_attaches_source_files_until_16k_tokens():
     (name, turns), = long_conversation(lambda text: len(text) // 4)
     assert name == "long" and sum(len(t) // 4 for t in turns) >= LONG_TOKENS
     assert all("```python" in t for t in turns)
+
+
+def test_a_conversation_run_can_be_asked_for_alone(tiny):
+    from localspec.app import bench_conversation
+    from localspec.engine.errors import LocalspecError
+
+    talks = [("one", ["Write a function that adds 2 to a number."])]
+    report = bench_conversation.run_conversation_bench(
+        tiny.target_gguf, None, talks, ["plain+cache", "maxgram"], 8, SamplingParams(), 512, n_threads=1)
+    assert [r["config"] for r in report["rows"]] == ["plain+cache", "maxgram", "maxgram+cache", "maxgram+restart"]
+    with pytest.raises(LocalspecError, match="Unknown conversation run"):
+        bench_conversation.run_conversation_bench(tiny.target_gguf, None, talks, ["plain+later"], 8,
+                                                  SamplingParams(), 512, n_threads=1)
