@@ -20,6 +20,7 @@ import openai
 import pytest
 from serve_server import CLI, start_server
 
+from localspec.app.history import History, history_path
 from localspec.engine.options import Options
 from localspec.engine.session import Session
 
@@ -153,6 +154,54 @@ def test_an_api_key_is_checked_and_required_beyond_this_machine(tiny):
         assert served.healthy()   # /health needs no key
     finally:
         assert served.stop(signal.SIGTERM) == 0
+
+
+def test_history_is_opt_in_the_time_limit_ends_a_reply_and_a_crash_is_survived(client, tiny, tmp_path):
+    """The module's server keeps nothing; one with --history keeps each exchange. --timeout ends
+    a long reply there (finish_reason length); a killed engine answers its request 500 and is
+    restarted, and the next request is served."""
+    assert client.chat.completions.create(model="target", messages=CHAT, max_tokens=4).choices
+    if history_path().exists():
+        with History.open() as history:
+            assert not [c for c in history.conversations() if c.title.startswith("serve: ")]
+    data = tmp_path / "data"
+    served = start_server(tiny, "--ctx", CTX, "--fixed-budget", "--no-personal", "--history", "--timeout", "3",
+                          env={"LOCALSPEC_DATA_DIR": str(data)})
+    try:
+        client = openai.OpenAI(base_url=served.url, api_key="unused", max_retries=0, timeout=60)
+        reply = client.chat.completions.create(model="target", messages=CHAT, max_tokens=16)
+        t0 = time.monotonic()
+        long = client.chat.completions.create(model="target", messages=CHAT, temperature=2.0, top_p=1.0,
+                                              extra_body={"top_k": 0}, max_tokens=1500)
+        assert long.choices[0].finish_reason == "length" and time.monotonic() - t0 < 3 + 10
+
+        (engine,) = _children(served.proc.pid)
+        crashed = {}
+
+        def ask() -> None:
+            try:
+                client.chat.completions.create(model="target", messages=CHAT, temperature=2.0, top_p=1.0,
+                                               extra_body={"top_k": 0}, max_tokens=1500)
+            except openai.InternalServerError as err:
+                crashed["error"] = err
+
+        asking = threading.Thread(target=ask)
+        asking.start()
+        time.sleep(0.5)
+        os.kill(engine, signal.SIGKILL)
+        asking.join(timeout=60)
+        assert crashed["error"].status_code == 500 and crashed["error"].body["code"] == "engine_crashed"
+        deadline = time.monotonic() + 60
+        while not served.healthy() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert client.chat.completions.create(model="target", messages=CHAT, max_tokens=4).choices
+    finally:
+        assert served.stop(signal.SIGTERM) == 0
+    with History.open(history_path(data)) as history:
+        kept = history.conversations()
+        texts = [[m.content for m in history.messages(c.id)] for c in kept]
+    assert [CHAT[0]["content"], reply.choices[0].message.content] in texts
+    assert all(c.title.startswith("serve: ") for c in kept)
 
 
 def test_sigint_mid_stream_ends_the_server_and_its_engine(tiny):
