@@ -171,7 +171,8 @@ def log_line(scope, status: int | None, seconds: float, note: dict) -> str:
         accepted = " ".join(f"{k} {v}" for k, v in s["accepted"].items())
         line += (f" | {s['tokens']} tokens {s['tokens_per_second']:.1f} tok/s {s['tokens_per_call']:.2f} tokens/call"
                  f", prompt {s['prompt_tokens']} ({s['reused_tokens']} cached), waited "
-                 f"{note.get('waited', 0.0):.2f} s, {note.get('finish', '')}"
+                 f"{note.get('waited', 0.0):.2f} s, first token {note.get('first', 0.0):.3f} s (prefill "
+                 f"{st.get('seconds', {}).get('prefill', 0.0):.3f} s), {note.get('finish', '')}"
                  + (f" | accepted {accepted}" if accepted else "")
                  + (f" | {st['dropped_messages']} oldest messages left out" if st.get("dropped_messages") else ""))
     if "outcome" in note:
@@ -317,6 +318,7 @@ async def _generate(scheduler: Scheduler, config: ServeConfig, kind: str, body, 
     try:
         first = await job.events.get()
         note["waited"] = (job.timing.started or time.monotonic()) - job.timing.queued
+        note["first"] = time.monotonic() - (job.timing.started or job.timing.queued)
         _raise_for(first)
         if body.stream:
             handed_over = True

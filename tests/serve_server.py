@@ -55,14 +55,12 @@ class Served:
         return r.status_code == 200 and r.json()["status"] == "ok"
 
 
-def start_server(tiny, *args: str, model: Path | None = None, draft: Path | None = None,
-                 env: dict | None = None) -> Served:
-    """Serve the tiny pair (or `model`/`draft`) with a fixed budget (no calibration to wait for)."""
-    model = model or tiny.target_gguf
-    draft = draft or tiny.draft_gguf
+def start_server(tiny, *args: str, model: Path | None = None, env: dict | None = None) -> Served:
+    """Serve the tiny pair, or `model` alone, on 127.0.0.1 and a free port, with `args`."""
+    pair = ["--model", str(model)] if model else ["--model", str(tiny.target_gguf), "--draft", str(tiny.draft_gguf)]
     log = Path(tempfile.mkstemp(prefix="localspec-serve-", suffix=".log")[1])
     with open(log, "wb") as err:
-        proc = subprocess.Popen([*CLI, "serve", "--model", str(model), "--draft", str(draft), "--port", "0", *args],
+        proc = subprocess.Popen([*CLI, "serve", *pair, "--port", "0", *args],
                                 stdout=subprocess.PIPE, stderr=err, text=True,
                                 env={**os.environ, **(env or {})})
     lines: queue.Queue = queue.Queue()
