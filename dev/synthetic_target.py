@@ -45,17 +45,18 @@ class Shape:
     heads: int
     kv_heads: int
     ffn: int
-    tied: bool          # the output reads token_embd (no output.weight), as the small Qwen2.5s
 
 
 # Qwen2.5's published configurations (hidden_size, num_hidden_layers, num_attention_heads,
-# num_key_value_heads, intermediate_size, tie_word_embeddings); tiny: the smallest that K-quants
-# allow (rows of 256), for tests
-SHAPES = {"tiny": Shape(256, 2, 4, 2, 512, False),
-          "1.5b": Shape(1536, 28, 12, 2, 8960, True),
-          "7b": Shape(3584, 28, 28, 4, 18944, False),
-          "14b": Shape(5120, 48, 40, 8, 13824, False),
-          "32b": Shape(5120, 64, 40, 8, 27648, False)}
+# num_key_value_heads, intermediate_size); tiny: the smallest that K-quants allow (rows of 256),
+# for tests. Every shape keeps an output matrix apart from the embedding, as the reference 1.5B's
+# Q4_K_M file does although its model ties them: the 1.5B shape holds the reference's tensors,
+# types and sizes, 14 of 28 layers' attn_v and ffn_down in Q6_K (on other layers than here)
+SHAPES = {"tiny": Shape(256, 2, 4, 2, 512),
+          "1.5b": Shape(1536, 28, 12, 2, 8960),
+          "7b": Shape(3584, 28, 28, 4, 18944),
+          "14b": Shape(5120, 48, 40, 8, 13824),
+          "32b": Shape(5120, 64, 40, 8, 27648)}
 
 
 def more_bits(layer: int, layers: int) -> bool:
@@ -66,7 +67,7 @@ def more_bits(layer: int, layers: int) -> bool:
 def tensors(shape: Shape, vocab: int) -> list[tuple[str, GGMLQuantizationType, tuple[int, int]]]:
     """(name, type, (rows, row length)) of every tensor, in file order; a vector is one row."""
     h, kv = shape.hidden, shape.kv_heads * (shape.hidden // shape.heads)
-    out = [("token_embd.weight", Q6_K if shape.tied else Q4_K, (vocab, h))]
+    out = [("token_embd.weight", Q4_K, (vocab, h))]
     for i in range(shape.layers):
         wide = Q6_K if more_bits(i, shape.layers) else Q4_K
         b = f"blk.{i}."
@@ -78,9 +79,7 @@ def tensors(shape: Shape, vocab: int) -> list[tuple[str, GGMLQuantizationType, t
                 (b + "ffn_norm.weight", F32, (1, h)),
                 (b + "ffn_gate.weight", Q4_K, (shape.ffn, h)), (b + "ffn_up.weight", Q4_K, (shape.ffn, h)),
                 (b + "ffn_down.weight", wide, (h, shape.ffn))]
-    out.append(("output_norm.weight", F32, (1, h)))
-    if not shape.tied:
-        out.append(("output.weight", Q6_K, (vocab, h)))
+    out += [("output_norm.weight", F32, (1, h)), ("output.weight", Q6_K, (vocab, h))]
     return out
 
 
