@@ -170,7 +170,8 @@ def _info(path: Path) -> int:
 
 def _train(args: argparse.Namespace) -> int:
     from localspec.engine import torch_lm  # noqa: F401  (torch before llama.cpp)
-    from localspec.engine.llama_model import LlamaModel, gpu_offload_supported
+    from localspec.engine.head_train_model import TrainingModel
+    from localspec.engine.llama_model import gpu_offload_supported
     from localspec.engine.head_train import (collect, function_prompts, generate_corpus, join, load_corpus,
                                              save_corpus)
     from localspec.models import heads
@@ -211,8 +212,8 @@ def _train(args: argparse.Namespace) -> int:
         if args.max_tokens > 0:
             # a greedy sampler on the device: llama.cpp then leaves every row's logits there, which
             # collect never reads (docs/decisions/0030)
-            target = LlamaModel(model, n_ctx=args.ctx, n_batch=args.ctx, n_seq_max=1, hidden=True, taps=taps,
-                                greedy_on_device=True)
+            target = TrainingModel(model, n_ctx=args.ctx, n_batch=args.ctx, n_seq_max=1, hidden=True, taps=taps,
+                                   greedy_on_device=True)
             try:
                 parts.append(collect(target, texts(), args.max_tokens, chunk=args.ctx, progress=report))
             finally:
@@ -228,9 +229,9 @@ def _train(args: argparse.Namespace) -> int:
         if first is not None:
             width = max(1, min(args.parallel, 256))   # llama.cpp's most sequences
             prefill_batch = _PREFILL_BATCH_GPU if gpu_offload_supported() else _PREFILL_BATCH_CPU
-            target = LlamaModel(model, n_ctx=width * (_PROMPT + _GEN), n_batch=max(prefill_batch, width),
-                                n_seq_max=width, hidden=True, unified=False,   # a stream each
-                                greedy_on_device=True, taps=taps)
+            target = TrainingModel(model, n_ctx=width * (_PROMPT + _GEN), n_batch=max(prefill_batch, width),
+                                   n_seq_max=width, hidden=True, unified=False,   # a stream each
+                                   greedy_on_device=True, taps=taps)
             try:
                 parts.append(generate_corpus(target, itertools.chain([first], prompts), args.generated_tokens,
                                              gen_tokens=_GEN, prompt_tokens=_PROMPT, progress=report,

@@ -27,7 +27,7 @@ import argparse
 import os
 import time
 
-from localspec.engine.llama_model import LlamaModel  # llama.cpp before torch: the GPU host needs it
+from localspec.engine.head_train_model import TrainingModel  # llama.cpp before torch: the GPU host needs it
 
 import llama_cpp as lc  # noqa: E402
 
@@ -47,8 +47,8 @@ def prompts(width: int, context: int, vocab: int) -> list[list[int]]:
 def run(path: str, width: int, context: int, steps: int, variant: str, profile: bool,
         batch: int = 512) -> str:
     on_device, hidden, unified = VARIANTS[variant]
-    model = LlamaModel(path, n_ctx=width * (context + steps + 8), n_batch=max(batch, width), n_seq_max=width,
-                       hidden=hidden, unified=unified, greedy_on_device=on_device)
+    model = TrainingModel(path, n_ctx=width * (context + steps + 8), n_batch=max(batch, width), n_seq_max=width,
+                          hidden=hidden, unified=unified, greedy_on_device=on_device)
     try:
         t = time.perf_counter()
         model.prefill_many(prompts(width, context, model.vocab_size))
@@ -101,7 +101,7 @@ def collect_rate(path: str, tokens: int, on_device: bool) -> str:
 
     from localspec.engine.head_train import collect
     texts = [(i, inspect.getsource(m)) for i, m in enumerate((argparse, inspect, json.decoder, json.encoder))]
-    model = LlamaModel(path, n_ctx=512, n_batch=512, n_seq_max=1, hidden=True, greedy_on_device=on_device)
+    model = TrainingModel(path, n_ctx=512, n_batch=512, n_seq_max=1, hidden=True, greedy_on_device=on_device)
     try:
         collect(model, texts[:1], 512)     # warm-up
         t = time.perf_counter()

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from localspec.engine import torch_lm  # noqa: F401  (torch before llama.cpp: the measured load order)
-from localspec.engine.llama_model import LlamaModel
+from localspec.engine.head_train_model import TrainingModel
 
 from localspec.app.head_cmd import tap_layers  # noqa: E402
 from localspec.app.head_sources import Choice, list_sources, reading_order  # noqa: E402
@@ -57,8 +57,8 @@ def read_corpus(args: argparse.Namespace, model: Path, taps: tuple[int, ...]):
     t = time.time()
     parts = []
     if args.text_tokens:
-        target = LlamaModel(model, n_ctx=args.ctx, n_batch=args.ctx, n_seq_max=1, hidden=True, taps=taps,
-                            greedy_on_device=True)
+        target = TrainingModel(model, n_ctx=args.ctx, n_batch=args.ctx, n_seq_max=1, hidden=True, taps=taps,
+                               greedy_on_device=True)
         try:
             parts.append(collect(target, texts(order), args.text_tokens, chunk=args.ctx))
         finally:
@@ -67,8 +67,8 @@ def read_corpus(args: argparse.Namespace, model: Path, taps: tuple[int, ...]):
     if args.generated_tokens:
         t = time.time()
         width = args.parallel
-        target = LlamaModel(model, n_ctx=width * 512, n_batch=max(512, width), n_seq_max=width, hidden=True,
-                            unified=False, greedy_on_device=True, taps=taps)
+        target = TrainingModel(model, n_ctx=width * 512, n_batch=max(512, width), n_seq_max=width, hidden=True,
+                               unified=False, greedy_on_device=True, taps=taps)
         try:
             parts.append(generate_corpus(target, function_prompts(texts(order)), args.generated_tokens, gen_tokens=256, prompt_tokens=256,
                                          seconds=60 * args.generate_minutes))

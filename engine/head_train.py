@@ -98,7 +98,7 @@ def text_files(roots: Iterable[str | Path], suffixes: Sequence[str] = (".py", ".
 
 def collect(model, texts: Iterable[tuple[int, str]], max_tokens: int, chunk: int = 512,
             progress: ProgressFn = _quiet) -> Corpus:
-    """Run the target (a LlamaModel opened with hidden=True) over `texts` ((file id, text)
+    """Run the target (a TrainingModel opened with hidden=True) over `texts` ((file id, text)
     pairs), `chunk` tokens at a time from an empty cache, until `max_tokens`."""
     if not model.hidden:
         raise ValueError("collect() needs the target opened with hidden=True")
@@ -161,7 +161,7 @@ def generate_corpus(model, prompts: Iterable[tuple[int, str]], max_tokens: int, 
                     prompt_tokens: int = 384, progress: ProgressFn = _quiet,
                     seconds: float | None = None) -> Corpus:
     """The target's own greedy continuations of `prompts`, `model.n_seq_max` at a time in one
-    batch per step (a LlamaModel opened with hidden=True and greedy_on_device=True: each step's
+    batch per step (a TrainingModel opened with hidden=True and greedy_on_device=True: each step's
     next tokens are chosen where the model runs, and no row's logits are copied out): per token
     fed, the hidden state after it. A head trained on these sees what it will draft from: the
     target's own text. `seconds`: stop there with what is written (each continuation so far is

@@ -6,19 +6,18 @@ logits as zero-copy numpy views of llama.cpp's buffer, and the memory's sequence
 context uses a unified KV cache so a token shared by several tree paths is stored once and tagged
 with every path's sequence id. What llama.cpp would assert on (and abort the process for) is
 checked here first, so every command and the chat refuse it with the fix; its process-wide state
-(load order, log, switches) is engine/native.py's.
+(load order, log, switches) is engine/native.py's, a draft head's hidden states
+hidden_states.py's, and what only `head train` asks of a model head_train_model.py's.
 """
 from __future__ import annotations
 
 from .native import (ExactNumerics, errors_since, gpu_offload_supported,  # first: see native.py
-                     has_exact_switches, has_layer_inputs, last_log, layer_inputs_api, log_mark,
-                     to_half)
+                     has_exact_switches, last_log, log_mark)
 
-import contextlib
 import ctypes
 import os
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Sequence
 
 import llama_cpp as lc
 import numpy as np
@@ -26,6 +25,7 @@ import numpy as np
 from localspec.models.gguf_file import GGUFInfo, read_gguf
 
 from .errors import LocalspecError
+from .hidden_states import HiddenStates
 from .options import MAX_CTX
 
 EXACT_FIX = ("Run exact numerics on the CPU (--gpu-layers 0), or leave out --exact (in the chat: "
@@ -72,28 +72,18 @@ def check_context(n_ctx: int, n_ctx_train: int, n_batch: int, sequences: int) ->
                              f"or run with --no-speculation")
 
 
-class LlamaModel:
+class LlamaModel(HiddenStates):
     """Owns a llama.cpp model and context; close() frees them."""
 
     def __init__(self, path: str | Path, *, n_ctx: int = 4096, n_batch: int = 512,
                  n_seq_max: int = 64, n_gpu_layers: int = -1, n_threads: int | None = None,
                  n_pad_seqs: int = 0, hidden: bool = False, exact: bool = False,
-                 unified: bool = True, greedy_on_device: bool = False, taps: Sequence[int] = ()) -> None:
+                 taps: Sequence[int] = ()) -> None:
         """n_seq_max: sequence ids 0..n_seq_max-1 for the caller; n_pad_seqs more after them are
         reserved for padding (decode's pad_to). hidden: every decode also hands back the final
         hidden state of each row with logits (`hidden_row`), what a draft head drafts from.
-        unified: one KV cache that every sequence shares (what tree verification needs: seq_cp
-        tags the context with every path); False splits n_ctx into one stream per sequence, so
-        a row attends over its own sequence's cells only (many independent sequences at once:
-        training a head on the target's continuations).
         taps (with hidden): layers whose input states a row's hidden state carries too, after the
-        final one (0: the token's embedding; layer i's: the output of the layers below it):
-        `hidden_rows` is then [rows, n_embd * (1 + len(taps))] (`n_feature` wide), what a draft
-        head that reads low and middle layers (EAGLE-3's fused features) drafts from.
-        greedy_on_device: each sequence gets llama.cpp's backend greedy sampler (its experimental
-        backend-sampling API): a decode hands back each output row's most likely token
-        (`sampled`), chosen where the model runs, and no row's logits are copied out (`logits`
-        is then not to be read).
+        final one: `hidden_rows` is then [rows, n_feature] (hidden_states.py).
 
         exact: batch-invariant numerics, CPU only. Each row of a batch gets the logits it would
         get decoded alone, bit for bit, so verifying a draft tree computes what plain decoding
@@ -106,7 +96,6 @@ class LlamaModel:
         while open). Checked at load."""
         self._model = self._ctx = None
         self._exact: ExactNumerics | None = None
-        self._samplers: list = []   # backend greedy chains (greedy_on_device), freed after the context
         self.info: GGUFInfo = read_gguf(path)
         self.path = self.info.path
         self.exact = exact
@@ -145,28 +134,8 @@ class LlamaModel:
         except BaseException:
             self.close()
             raise
-        cparams = lc.llama_context_default_params()
-        cparams.n_ctx = n_ctx
-        cparams.n_batch = n_batch
-        cparams.n_ubatch = n_batch
-        cparams.n_seq_max = n_seq_max + n_pad_seqs
-        cparams.kv_unified = unified
-        cparams.no_perf = True
-        if exact:
-            cparams.flash_attn_type = lc.LLAMA_FLASH_ATTN_TYPE_ENABLED
-        if greedy_on_device:
-            configs = (lc.llama_sampler_seq_config * n_seq_max)()
-            for seq in range(n_seq_max):
-                chain = lc.llama_sampler_chain_init(lc.llama_sampler_chain_default_params())
-                lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_greedy())
-                self._samplers.append(chain)
-                configs[seq].seq_id, configs[seq].sampler = seq, ctypes.cast(chain, ctypes.c_void_p)
-            cparams.samplers = ctypes.cast(configs, type(cparams.samplers))
-            cparams.n_samplers = n_seq_max
-            cparams.n_outputs_max_per_seq = n_batch   # every row of a sequence may be sampled
         threads = self.n_threads = n_threads or default_threads()
-        cparams.n_threads = threads
-        cparams.n_threads_batch = threads
+        cparams = self._context_params(n_ctx, n_batch, n_seq_max, n_pad_seqs, threads)
         mark = log_mark()
         self._ctx = lc.llama_init_from_model(self._model, cparams)
         if not self._ctx:
@@ -181,16 +150,11 @@ class LlamaModel:
         self._pad_used = 0               # padding sequences the last padded decode filled
         self._mem = lc.llama_get_memory(self._ctx)
         self.n_embd = lc.llama_model_n_embd(self._model)
-        self.hidden = self._opened_hidden = hidden
-        if hidden:
-            lc.llama_set_embeddings(self._ctx, True)
-        self.taps = tuple(int(t) for t in taps) if hidden else ()
         try:
-            self._open_taps(n_batch)
+            self._open_hidden(hidden, taps)
         except BaseException:
             self.close()
             raise
-        self.n_feature = self.n_embd * (1 + len(self.taps))
         all_seqs = n_seq_max + n_pad_seqs
         self._batch = lc.llama_batch_init(n_batch, 0, all_seqs)
         cap = n_batch
@@ -210,6 +174,23 @@ class LlamaModel:
             except BaseException:
                 self.close()
                 raise
+
+    def _context_params(self, n_ctx: int, n_batch: int, n_seq_max: int, n_pad_seqs: int,
+                        threads: int) -> lc.llama_context_params:
+        """llama.cpp's parameters for this model's context: one KV cache that every sequence
+        shares (what tree verification needs: seq_cp tags the context with every path)."""
+        cparams = lc.llama_context_default_params()
+        cparams.n_ctx = n_ctx
+        cparams.n_batch = n_batch
+        cparams.n_ubatch = n_batch
+        cparams.n_seq_max = n_seq_max + n_pad_seqs
+        cparams.kv_unified = True
+        cparams.no_perf = True
+        if self.exact:
+            cparams.flash_attn_type = lc.LLAMA_FLASH_ATTN_TYPE_ENABLED
+        cparams.n_threads = threads
+        cparams.n_threads_batch = threads
+        return cparams
 
     _EXACT_PROBE = 9   # rows: past ggml's 8-row switch to its tiled matmul
 
@@ -370,87 +351,6 @@ class LlamaModel:
                 ptr, shape=(self._n_outputs, self.vocab_size))
         return view if self._pick is None else view[self._pick]
 
-    def _open_taps(self, n_batch: int) -> None:
-        """Ask llama.cpp for the taps' layer inputs and make the buffer `hidden_rows` fills."""
-        if not self.taps:
-            self._wide = None
-            return
-        n_layer = lc.llama_model_n_layer(self._model)
-        if not has_layer_inputs(self.info.architecture):
-            raise LocalspecError("This llama.cpp cannot hand back the model's layer states",
-                                 f"a draft head reads layers {list(self.taps)} of '{self.path.name}' "
-                                 f"({self.info.architecture}); localspec's build serves Qwen2 models",
-                                 "Reinstall with `make install` (it builds llama.cpp with "
-                                 "packaging/patches), or train a head without --taps")
-        if not all(0 <= t < n_layer for t in self.taps):
-            raise LocalspecError("No such layers", f"taps {list(self.taps)}: '{self.path.name}' has "
-                                 f"layers 0..{n_layer - 1} to read", "Name layers in that range")
-        set_, _ = layer_inputs_api()
-        for t in self.taps:
-            set_(self._ctx, t, True)
-        self._wide = np.empty((n_batch, self.n_embd * (1 + len(self.taps))), np.float32)
-
-    def _widen(self, final: np.ndarray, rows: slice | np.ndarray) -> np.ndarray:
-        """`final` [n, n_embd] (the rows `rows` of the last decode) with the taps' layer inputs
-        of those rows after it, in the buffer made at open: [n, n_feature], valid until the next
-        call."""
-        n, d = len(final), self.n_embd
-        out = self._wide[:n]
-        out[:, :d] = final
-        _, get = layer_inputs_api()
-        for j, t in enumerate(self.taps):
-            layer = np.ctypeslib.as_array(get(self._ctx, t), shape=(self.n_batch, d))
-            out[:, d * (j + 1):d * (j + 2)] = layer[rows]
-        return out
-
-    def hidden_row(self, i: int) -> np.ndarray:
-        """[n_embd] float32: the final hidden state (after the output norm, the input of the
-        output matrix) of batch row i of the last decode, which must have had logits there; a
-        zero-copy view, valid until the next decode. Needs the model opened with hidden=True.
-        With taps: [n_feature], the taps' layer inputs after it, valid until the next call."""
-        ptr = lc.llama_get_embeddings_ith(self._ctx, i)
-        if not ptr:
-            raise RuntimeError(f"no hidden state for batch row {i} ({last_log()})")
-        final = np.ctypeslib.as_array(ptr, shape=(self.n_embd,))
-        return final if not self.taps else self._widen(final[None], slice(i, i + 1))[0]
-
-    def set_hidden(self, on: bool) -> None:
-        """From now on decode with hidden states or without, as if opened so (a draft head left
-        out after loading; bench's configurations without the head): without, llama.cpp no
-        longer outputs every batch row. On only for a model opened with hidden=True."""
-        if on and not self._opened_hidden:
-            raise ValueError("set_hidden(True) needs the model opened with hidden=True")
-        self._switch_hidden(on)
-
-    def hidden_rows(self) -> np.ndarray:
-        """[n_outputs, n_embd] float32: every row's final hidden state of the last decode (with
-        hidden states llama.cpp outputs every batch row, padding included), one zero-copy view,
-        valid until the next decode: what reading many rows costs one call, not one per row.
-        With taps: [n_outputs, n_feature], the taps' layer inputs after the final state, in a
-        buffer of the model's (valid until the next call)."""
-        ptr = lc.llama_get_embeddings(self._ctx)
-        if not ptr or not self.hidden or self._n_outputs == 0:
-            raise RuntimeError(f"no hidden states in the last decode ({last_log()})")
-        final = np.ctypeslib.as_array(ptr, shape=(self._n_outputs, self.n_embd))
-        return final if not self.taps else self._widen(final, slice(0, self._n_outputs))
-
-    def hidden_rows_to(self, out: np.ndarray) -> None:
-        """Write the first len(out) rows of `hidden_rows()` into `out` ([r, n_feature] float16,
-        C-contiguous), rounded as numpy's cast rounds but in one vectorised pass (native.to_half):
-        what a draft head's corpus keeps of every row."""
-        to_half(self.hidden_rows()[:len(out)], out)
-
-    def sampled(self, rows: Sequence[int] | np.ndarray) -> np.ndarray:
-        """[len(rows)] int32: the token each batch row's sequence's backend greedy sampler chose
-        in the last decode (a model opened with greedy_on_device)."""
-        out = np.fromiter((lc.llama_get_sampled_token_ith(self._ctx, int(i)) for i in rows), np.int32, len(rows))
-        if out.size and out.min() < 0:
-            raise LocalspecError("llama.cpp's backend sampling chose no token",
-                                 f"rows {rows}: {last_log()}",
-                                 "Open the model without greedy_on_device (take the most likely "
-                                 "token from its logits), or update llama.cpp")
-        return out
-
     def prefill(self, tokens: Sequence[int], start: int, seq: int = 0, hidden_tail: int = 1) -> None:
         """Decode tokens at positions start.. in sequence `seq`, in n_batch chunks; last row kept.
         With hidden states, all but the last `hidden_tail` tokens go without them (llama.cpp would
@@ -466,44 +366,6 @@ class LlamaModel:
             pos = np.arange(start + lo, start + lo + len(chunk), dtype=np.int32)
             self.decode(chunk, pos, [(seq,)] * len(chunk) if seq else None,
                         logits=True if self.hidden and len(chunk) > 1 else False)
-
-    @contextlib.contextmanager
-    def _without_hidden(self) -> Iterator[None]:
-        """Decodes inside go without hidden states (llama.cpp would otherwise output, and copy
-        out, every row's logits); as it was after, whatever happens inside."""
-        was = self.hidden
-        if was:
-            self._switch_hidden(False)
-        try:
-            yield
-        finally:
-            if was:
-                self._switch_hidden(True)
-
-    def _switch_hidden(self, on: bool) -> None:
-        """Hidden states, and the taps' layer inputs with them, on or off for the decodes after."""
-        lc.llama_set_embeddings(self._ctx, on)
-        if self.taps:
-            set_, _ = layer_inputs_api()
-            for t in self.taps:
-                set_(self._ctx, t, on)
-        self.hidden = on
-
-    def prefill_many(self, prompts: Sequence[Sequence[int]]) -> None:
-        """Prompt i into sequence i from position 0, packed across sequences into batches of up
-        to n_batch tokens (one call per sequence would take as many calls as prompts: many
-        short batches where a GPU wants few long ones). No hidden states and one output row a
-        batch (its last): what starting many continuations side by side needs."""
-        lengths = [len(p) for p in prompts]
-        if not lengths or min(lengths) < 1 or len(prompts) > self.n_seq_max:
-            raise ValueError(f"{len(prompts)} prompts (1..{self.n_seq_max}, none empty)")
-        tokens = np.concatenate([np.asarray(p, np.int32) for p in prompts])
-        positions = np.concatenate([np.arange(m, dtype=np.int32) for m in lengths])
-        seqs = [(s,) for s, m in enumerate(lengths) for _ in range(m)]
-        with self._without_hidden():
-            for lo in range(0, len(tokens), self.n_batch):
-                hi = min(lo + self.n_batch, len(tokens))
-                self.decode(tokens[lo:hi], positions[lo:hi], seqs[lo:hi], logits=False)
 
     # ---- memory (KV cache) sequence operations ----------------------------------------------
     def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> None:
@@ -566,21 +428,22 @@ class LlamaModel:
         dropped one is raised again shortly after, app/exits.py), and a handle freed but still
         held was freed again at exit ("double free or corruption"); one let go of but not
         freed only leaks until the process ends."""
-        ctx, self._ctx = getattr(self, "_ctx", None), None
-        if ctx:
-            batch, self._batch = getattr(self, "_batch", None), None   # none yet: refused at open
-            if batch is not None:
-                lc.llama_batch_free(batch)
-            lc.llama_free(ctx)
-        samplers, self._samplers = getattr(self, "_samplers", []), []
-        while samplers:
-            lc.llama_sampler_free(samplers.pop())
+        self._free_context()
         model, self._model = getattr(self, "_model", None), None
         if model:
             lc.llama_model_free(model)
         if getattr(self, "_exact", None) is not None:
             self._exact, exact = None, self._exact
             exact.__exit__(None, None, None)
+
+    def _free_context(self) -> None:
+        """The context and its batch (close, first: the model outlives what uses it)."""
+        ctx, self._ctx = getattr(self, "_ctx", None), None
+        if ctx:
+            batch, self._batch = getattr(self, "_batch", None), None   # none yet: refused at open
+            if batch is not None:
+                lc.llama_batch_free(batch)
+            lc.llama_free(ctx)
 
     def __del__(self) -> None:
         self.close()

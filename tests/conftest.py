@@ -73,11 +73,11 @@ def real_pair() -> tuple[Path, Path]:
 @pytest.fixture(scope="session")
 def tiny_head(tiny, tmp_path_factory) -> Path:
     """A draft head for the tiny target, trained on its own corpus (a few seconds on a CPU)."""
-    from localspec.engine.llama_model import LlamaModel
     from localspec.engine.head_train import collect, train
+    from localspec.engine.head_train_model import TrainingModel
     from tiny_models import build_corpus
 
-    model = LlamaModel(tiny.target_gguf, n_ctx=256, n_batch=256, n_seq_max=1, hidden=True, n_threads=1)
+    model = TrainingModel(tiny.target_gguf, n_ctx=256, n_batch=256, n_seq_max=1, hidden=True, n_threads=1)
     try:
         corpus = collect(model, enumerate(build_corpus(n_docs=300)), 20_000, chunk=256)
     finally:
@@ -90,12 +90,12 @@ def tiny_head(tiny, tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_head_taps(tiny, tmp_path_factory) -> Path:
     """A head for the tiny target that also reads the inputs of its layers 1 and 2 (taps)."""
-    from localspec.engine.llama_model import LlamaModel
     from localspec.engine.head_train import collect, train
+    from localspec.engine.head_train_model import TrainingModel
     from tiny_models import build_corpus
 
-    model = LlamaModel(tiny.target_gguf, n_ctx=256, n_batch=256, n_seq_max=1, hidden=True, n_threads=1,
-                       taps=(1, 2))
+    model = TrainingModel(tiny.target_gguf, n_ctx=256, n_batch=256, n_seq_max=1, hidden=True, n_threads=1,
+                          taps=(1, 2))
     try:
         corpus = collect(model, enumerate(build_corpus(n_docs=300)), 20_000, chunk=256)
     finally:

@@ -15,10 +15,10 @@ class Stop(Exception):
 
 @pytest.fixture(scope="module")
 def corpus(tiny):
-    from localspec.engine.llama_model import LlamaModel
+    from localspec.engine.head_train_model import TrainingModel
     from tiny_models import build_corpus
 
-    model = LlamaModel(tiny.target_gguf, n_ctx=128, n_batch=128, n_seq_max=1, hidden=True, n_threads=1)
+    model = TrainingModel(tiny.target_gguf, n_ctx=128, n_batch=128, n_seq_max=1, hidden=True, n_threads=1)
     events: list[Progress] = []
     try:
         got = collect(model, enumerate(build_corpus(n_docs=60)), 6000, chunk=64, progress=events.append)
@@ -181,14 +181,15 @@ def test_generated_continuations_are_the_targets_greedy_text_with_its_states(tin
     import numpy as np
 
     from localspec.engine.head_train import generate_corpus
+    from localspec.engine.head_train_model import TrainingModel
     from localspec.engine.llama_model import LlamaModel
     from tiny_models import build_corpus
 
     whole = "\n".join(build_corpus(n_docs=60))   # cut mid-text: the continuations go on
     texts = [(i, whole[a:a + 200]) for i, a in enumerate(range(0, 1500, 300))]
     width, prompt_tokens, gen = 3, 24, 12
-    many = LlamaModel(tiny.target_gguf, n_ctx=width * 64, n_batch=40, n_seq_max=width, hidden=True,
-                      unified=False, greedy_on_device=True, n_threads=1)
+    many = TrainingModel(tiny.target_gguf, n_ctx=width * 64, n_batch=40, n_seq_max=width, hidden=True,
+                         unified=False, greedy_on_device=True, n_threads=1)
     events = []
     try:
         got = generate_corpus(many, iter(texts), 10_000, gen_tokens=gen, prompt_tokens=prompt_tokens,
@@ -242,13 +243,13 @@ def test_generation_stops_at_its_time_limit_with_whole_continuations(tiny):
     """seconds=0: the first step of the first group is all there is time for; each prompt's one
     fed token and its state are kept, the note says it stopped, and the target is left clear."""
     from localspec.engine.head_train import generate_corpus
-    from localspec.engine.llama_model import LlamaModel
+    from localspec.engine.head_train_model import TrainingModel
     from tiny_models import build_corpus
 
     whole = "\n".join(build_corpus(n_docs=60))
     texts = [(i, whole[a:a + 200]) for i, a in enumerate(range(0, 1500, 300))]
-    many = LlamaModel(tiny.target_gguf, n_ctx=3 * 64, n_batch=64, n_seq_max=3, hidden=True,
-                      unified=False, greedy_on_device=True, n_threads=1)
+    many = TrainingModel(tiny.target_gguf, n_ctx=3 * 64, n_batch=64, n_seq_max=3, hidden=True,
+                         unified=False, greedy_on_device=True, n_threads=1)
     events = []
     try:
         got = generate_corpus(many, iter(texts), 10_000, gen_tokens=12, prompt_tokens=24,
@@ -267,11 +268,11 @@ def test_backend_greedy_samplers_choose_each_rows_argmax_for_many_rows_and_seque
     as the argmax of the logits of the same batch decoded without samplers."""
     import numpy as np
 
-    from localspec.engine.llama_model import LlamaModel
+    from localspec.engine.head_train_model import TrainingModel
 
     kw = dict(n_ctx=128, n_batch=32, n_seq_max=2, hidden=True, unified=False, n_threads=1)
-    sampled = LlamaModel(tiny.target_gguf, greedy_on_device=True, **kw)
-    plain = LlamaModel(tiny.target_gguf, **kw)
+    sampled = TrainingModel(tiny.target_gguf, greedy_on_device=True, **kw)
+    plain = TrainingModel(tiny.target_gguf, **kw)
     try:
         a = sampled.tokenize("def add_3(x):\n    return x + 3\n", special=False)[:10]
         b = sampled.tokenize("class Counter:\n    def __init__(self):\n", special=False)[:10]
@@ -299,7 +300,7 @@ def test_backend_greedy_samplers_of_every_row_take_one_argmax(tiny, monkeypatch)
     import numpy as np
 
     from localspec.engine import native
-    from localspec.engine.llama_model import LlamaModel
+    from localspec.engine.head_train_model import TrainingModel
 
     lines: list[str] = []
 
@@ -310,8 +311,8 @@ def test_backend_greedy_samplers_of_every_row_take_one_argmax(tiny, monkeypatch)
     monkeypatch.setenv("GGML_SCHED_DEBUG", "2")   # read when a context makes its scheduler
     lc.llama_log_set(keep, ctypes.c_void_p(0))
     try:
-        model = LlamaModel(tiny.target_gguf, n_ctx=64, n_batch=16, n_seq_max=2, hidden=True,
-                           unified=False, greedy_on_device=True, n_threads=1)
+        model = TrainingModel(tiny.target_gguf, n_ctx=64, n_batch=16, n_seq_max=2, hidden=True,
+                              unified=False, greedy_on_device=True, n_threads=1)
         try:
             lines.clear()   # the reserve graphs at open; the decode below is the one asked about
             tokens = np.asarray(model.tokenize("def f(x):\n    return x\n", special=False)[:6], np.int32)
