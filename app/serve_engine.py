@@ -188,6 +188,10 @@ class Scheduler:
                     return
                 if getattr(event, "request_id", None) != job.id:
                     continue                          # a late event of a job already finished
+                if isinstance(event, Error) and stopped_at is not None:
+                    # a stop that lands while the chat template renders ends it with an Error:
+                    # the reply asked to stop has ended before its first token
+                    event = Done(job.id, "stopped", "", {})
                 job.events.put_nowait(event)
                 if isinstance(event, (Done, Error)):
                     self.served += 1

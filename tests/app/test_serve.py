@@ -113,29 +113,64 @@ def test_refusals_name_the_parameter(client):
 
 
 def test_several_clients_at_once_are_answered_in_order_or_refused(server, client):
-    """Queue of 2: of 8 requests sent at once, one runs, two wait, the rest get 503 at once."""
-    results: dict[int, tuple[int, float, str]] = {}
-
-    def send(i: int) -> None:
-        r = httpx.post(f"{server.url}/chat/completions", timeout=120, json={
-            "model": "target", "messages": [{"role": "user", "content": f"Write function number {i}."}],
-            "temperature": 2.0, "top_k": 0, "seed": i, "max_tokens": 40})
-        results[i] = (r.status_code, time.monotonic(), r.text if r.status_code != 200 else r.json()["id"],
-                      r.headers.get("retry-after"))
-
-    threads = [threading.Thread(target=send, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=180)
-    assert len(results) == 8                                     # none lost
-    answered = sorted((int(rid.split("-")[1]), t) for code, t, rid, _ in results.values() if code == 200)
-    refused = [(body, retry) for code, _, body, retry in results.values() if code == 503]
-    assert len(answered) + len(refused) == 8 and 1 <= len(answered) <= 3 and refused
-    assert [t for _, t in answered] == sorted(t for _, t in answered)   # finished in arrival order
+    """Queue of 2. With the engine paused (SIGSTOP), 8 requests at once: one runs, two wait, five
+    are refused at once with 503 and Retry-After; resumed, the three finish in arrival order. Then
+    8 at once on a running engine: each answered or refused, none lost, answered in order."""
+    (engine,) = _children(server.proc.pid)
+    os.kill(engine, signal.SIGSTOP)
+    try:
+        paused = _at_once(server, 8, until=lambda results: len(results) >= 5)
+    finally:
+        os.kill(engine, signal.SIGCONT)
+    results = paused.join()
+    answered, refused = _answered_in_order(results)
+    assert len(answered) == 3 and len(refused) == 5
     assert all('"code":"queue_full"' in body and int(retry) >= 1 for body, retry in refused)
+    answered, refused = _answered_in_order(_at_once(server, 8).join())
+    assert len(answered) + len(refused) == 8 and answered
     assert server.healthy()
     assert client.chat.completions.create(model="target", messages=CHAT, max_tokens=4).choices
+
+
+class _Clients:
+    def __init__(self, threads: list[threading.Thread], results: dict) -> None:
+        self.threads, self.results = threads, results
+
+    def join(self) -> dict:
+        for t in self.threads:
+            t.join(timeout=120)
+        return self.results
+
+
+def _at_once(server, n: int, until=None) -> _Clients:
+    """n clients posting at the same moment; returns once `until(results)` holds (or at once)."""
+    results: dict[int, tuple] = {}
+    barrier = threading.Barrier(n)
+
+    def send(i: int) -> None:
+        with httpx.Client(timeout=120) as http:
+            barrier.wait()
+            r = http.post(f"{server.url}/chat/completions", json={
+                "model": "target", "messages": [{"role": "user", "content": f"Write function number {i}."}],
+                "temperature": 2.0, "top_k": 0, "seed": i, "max_tokens": 40})
+        results[i] = (r.status_code, time.monotonic(), r.json()["id"] if r.status_code == 200 else r.text,
+                      r.headers.get("retry-after"))
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 60
+    while until is not None and not until(dict(results)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return _Clients(threads, results)
+
+
+def _answered_in_order(results: dict) -> tuple[list, list]:
+    """The answered (id, finished at) in arrival order, the refused (body, Retry-After); none lost."""
+    assert len(results) == 8 and {code for code, *_ in results.values()} <= {200, 503}, results
+    answered = sorted((int(rid.split("-")[1]), t) for code, t, rid, _ in results.values() if code == 200)
+    assert [t for _, t in answered] == sorted(t for _, t in answered)   # finished in arrival order
+    return answered, [(body, retry) for code, _, body, retry in results.values() if code == 503]
 
 
 def test_an_api_key_is_checked_and_required_beyond_this_machine(tiny):
@@ -170,12 +205,32 @@ def test_history_is_opt_in_the_time_limit_ends_a_reply_and_a_crash_is_survived(c
     try:
         client = openai.OpenAI(base_url=served.url, api_key="unused", max_retries=0, timeout=60)
         reply = client.chat.completions.create(model="target", messages=CHAT, max_tokens=16)
-        t0 = time.monotonic()
-        long = client.chat.completions.create(model="target", messages=CHAT, temperature=2.0, top_p=1.0,
-                                              extra_body={"top_k": 0}, max_tokens=1500)
-        assert long.choices[0].finish_reason == "length" and time.monotonic() - t0 < 3 + 10
-
+        # the engine paused past the time limit: the running reply ends there (length), the one
+        # waiting behind it is refused (503 timeout)
         (engine,) = _children(served.proc.pid)
+        outcomes = {}
+
+        def late(name: str) -> None:
+            try:
+                outcomes[name] = client.chat.completions.create(model="target", messages=CHAT, max_tokens=64)
+            except openai.APIStatusError as err:
+                outcomes[name] = err
+
+        os.kill(engine, signal.SIGSTOP)
+        try:
+            t0 = time.monotonic()
+            first, second = (threading.Thread(target=late, args=(n,)) for n in ("first", "second"))
+            first.start()
+            time.sleep(0.3)
+            second.start()
+            time.sleep(3.5)
+        finally:
+            os.kill(engine, signal.SIGCONT)
+        first.join(timeout=60)
+        second.join(timeout=60)
+        assert outcomes["first"].choices[0].finish_reason == "length" and time.monotonic() - t0 < 3 + 10
+        assert outcomes["second"].status_code == 503 and outcomes["second"].body["code"] == "timeout"
+
         crashed = {}
 
         def ask() -> None:
