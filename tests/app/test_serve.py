@@ -14,6 +14,7 @@ import signal
 import subprocess
 import threading
 import time
+from pathlib import Path
 
 import httpx2 as httpx
 import openai
@@ -191,6 +192,7 @@ def test_an_api_key_is_checked_and_required_beyond_this_machine(tiny):
         assert served.stop(signal.SIGTERM) == 0
 
 
+@pytest.mark.slow   # kills an engine
 def test_history_is_opt_in_the_time_limit_ends_a_reply_and_a_crash_is_survived(client, tiny, tmp_path):
     """The module's server keeps nothing; one with --history keeps each exchange. --timeout ends
     a long reply there (finish_reason length); a killed engine answers its request 500 and is
@@ -276,8 +278,16 @@ def test_sigint_mid_stream_ends_the_server_and_its_engine(tiny):
 
 
 def _children(pid: int) -> list[int]:
-    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
-    return [int(p) for p in out.split()]
+    """The processes whose parent is `pid` (the engine process of a server), from /proc."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue   # it exited meanwhile
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
 
 
 def _alive(pid: int) -> bool:
