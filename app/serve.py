@@ -16,6 +16,7 @@ written to the history unless --history.
 from __future__ import annotations
 
 import argparse
+import errno
 import ipaddress
 import os
 import signal
@@ -152,7 +153,7 @@ def bind(host: str, port: int) -> socket.socket:
             raise LocalspecError("Unknown address", f"--host {host}: {err.strerror}",
                                  "Pass an address of this machine, e.g. 127.0.0.1") from None
         fix = ("Pass another --port (0 picks a free one), or stop what listens there"
-               if err.errno == 98 else "Pass an address and port this machine has and you may use "
+               if err.errno == errno.EADDRINUSE else "Pass an address and port this machine has and you may use "
                                        "(ports below 1024 need privileges)")
         raise LocalspecError("Cannot listen", f"{host}:{port}: {err.strerror or err}", fix) from None
     return sock
