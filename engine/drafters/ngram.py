@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Protocol, Sequence
 import numpy as np
 
 from ..config import SamplingParams
+from ..prefix import common_prefix
 from ..tree import DraftTree, prob_hint
 
 if TYPE_CHECKING:
@@ -139,14 +140,33 @@ class PersonalNgram:
 
     # ---- Drafter protocol ---------------------------------------------------------------------
     def begin(self, context: Sequence[int]) -> None:
-        fresh = self.store is not None and self._load_store()
+        """Keep the session's counts of the part of the last context this one starts with (a
+        conversation's next turn, or the same prompt again) and learn the rest: a turn costs its
+        new tokens. A store that changed since drops only the merged counts built from it."""
+        if self.store is not None and self._load_store():
+            self._merged = {}
         self.catch_up()
-        n = len(self._tokens)
-        if not fresh and n and len(context) >= n and list(context[:n]) == self._tokens:
-            self._learn(context[n:])     # the chat went on: keep what was built for it
-            return
-        self._tokens, self._session, self._merged = [], {}, {}
-        self._learn(context)
+        keep = common_prefix(self._tokens, context)
+        self._truncate(keep)
+        self._learn(context[keep:])
+
+    def _truncate(self, keep: int) -> None:
+        """Unlearn the tokens from position `keep` on: their counts out of the session, the merged
+        counts of their contexts dropped (rebuilt from store and session when next needed)."""
+        toks, session, merged = self._tokens, self._session, self._merged
+        for end in range(len(toks) - 1, keep - 1, -1):
+            token = toks[end]
+            for n in range(min(self.max_n - 1, end) + 1):
+                ctx = tuple(toks[end - n:end])
+                seen = session[ctx]
+                if seen[token] == 1:
+                    del seen[token]
+                    if not seen:
+                        del session[ctx]
+                else:
+                    seen[token] -= 1
+                merged.pop(ctx, None)
+        del toks[keep:]
 
     def _load_store(self) -> bool:
         """(Re)load the cache if the store changed (learnt, forgot) or the cache grew too big."""

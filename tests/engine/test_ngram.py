@@ -389,3 +389,23 @@ def test_cli_add_file_with_the_models_tokenizer(tmp_path, tiny):
     assert cli(tmp_path, "forget", "file", str(notes)).returncode == 0
     missing = cli(tmp_path, "add-file", str(tmp_path / "nope.txt"), "--model", str(tiny.target_gguf))
     assert missing.returncode == 2 and "fix:" in missing.stderr
+
+
+def test_a_new_context_keeps_the_session_counts_of_the_part_it_starts_with(store):
+    """begin() on a conversation's next turn, an edited one and a shorter one (a regenerated
+    reply) leaves the session counts and the drafter's probabilities a fresh begin builds."""
+    rng = random.Random(3)
+    first = [rng.randrange(8) for _ in range(300)]
+    for second in (first + [rng.randrange(8) for _ in range(60)],
+                   first[:120] + [rng.randrange(8) for _ in range(90)],
+                   first[:40]):
+        kept = PersonalNgram(store, NgramLimits(max_n=4))
+        kept.begin(first)
+        kept.accept([1, 2, 3])                    # a reply's tokens, learnt at the next catch_up
+        kept._counts((1, 2))                      # merged counts cached, to be dropped where touched
+        kept.begin(second)
+        fresh = PersonalNgram(store, NgramLimits(max_n=4))
+        fresh.begin(second)
+        assert kept._tokens == fresh._tokens and kept._session == fresh._session
+        for ctx in [(), (1,), (1, 2), tuple(second[-3:]), tuple(second[-2:])]:
+            assert kept._counts(ctx).count == fresh._counts(ctx).count

@@ -1,7 +1,7 @@
 """A conversation's turns keep the cache (GenerationRequest.reuse): each turn prefills only what
 the target's cache does not hold yet, and gives the tokens a fresh prefill of the whole prompt
 gives, with every kind of stage (Max-Gram's index, a GGUF draft's cache, a PyTorch draft's
-slots, the personal n-grams) rebuilt or kept for the prefix; with exact numerics, bit for bit."""
+slots, the personal n-grams' session counts) kept for the prefix; with exact numerics, bit for bit."""
 from __future__ import annotations
 
 import pytest
@@ -26,6 +26,7 @@ CONFIGS = {   # name -> Options' keywords beside the target
     "maxgram": dict(budget=TreeBudget(max_nodes=8)),
     "gguf-staged": dict(draft="gguf", budget=TreeBudget(max_nodes=16), draft_limits=LIMITS),
     "torch-staged": dict(draft="torch", budget=TreeBudget(max_nodes=12), draft_limits=LIMITS),
+    "personal": dict(personal=True, maxgram=False, budget=TreeBudget(max_nodes=8)),
 }
 
 
@@ -33,8 +34,8 @@ def options(tiny, name: str, target=None, **more) -> Options:
     kw = dict(CONFIGS[name])
     if "draft" in kw:
         kw["draft"] = {"gguf": tiny.draft_gguf, "torch": tiny.draft_torch}[kw["draft"]]
-    return Options(target or tiny.target_gguf, n_ctx=1024, n_threads=1, calibrate=False,
-                   personal=False, **kw, **more)
+    kw.setdefault("personal", False)
+    return Options(target or tiny.target_gguf, n_ctx=1024, n_threads=1, calibrate=False, **kw, **more)
 
 
 def converse(session: Session, turns=TURNS, reuse: bool = True):
