@@ -166,6 +166,8 @@ async def respond(send, err: ApiError, close: bool = False) -> None:
 
 def log_line(scope, status: int | None, seconds: float, note: dict) -> str:
     line = f"{scope['method']} {scope['path'][:200]} {status or '-'} {1e3 * seconds:.0f} ms"
+    if "id" in note:
+        line += f" {note['id']}"
     if "stats" in note:
         s, st = summary(note["stats"]), note["stats"]
         accepted = " ".join(f"{k} {v}" for k, v in s["accepted"].items())
@@ -312,6 +314,7 @@ async def _generate(scheduler: Scheduler, config: ServeConfig, kind: str, body, 
                             "engine (localspec serve --queue)", type="server_error", code="queue_full",
                        headers={"Retry-After": str(scheduler.retry_after())}) from None
     note = request.scope["localspec"]
+    note["id"] = job.id
     watcher = asyncio.ensure_future(_until_disconnect(request.receive))
     watcher.add_done_callback(lambda t: None if t.cancelled() else (job.cancel(), note.update(outcome="client left")))
     handed_over = False

@@ -10,6 +10,7 @@ end it cleanly with the engine process gone.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -120,14 +121,15 @@ def test_several_clients_at_once_are_answered_in_order_or_refused(server, client
     (engine,) = _children(server.proc.pid)
     os.kill(engine, signal.SIGSTOP)
     try:
-        paused = _at_once(server, 8, until=lambda results: len(results) >= 5)
+        paused = _at_once(server, 8, until=lambda results: len(results) >= 5)   # the refusals
     finally:
         os.kill(engine, signal.SIGCONT)
     results = paused.join()
-    answered, refused = _answered_in_order(results)
-    assert len(answered) == 3 and len(refused) == 5
+    answered, refused = _answered_in_order(server, results)
+    # one running and two waiting (two when the second arrives before the runner took the first)
+    assert len(answered) in (2, 3) and len(refused) == 8 - len(answered)
     assert all('"code":"queue_full"' in body and int(retry) >= 1 for body, retry in refused)
-    answered, refused = _answered_in_order(_at_once(server, 8).join())
+    answered, refused = _answered_in_order(server, _at_once(server, 8).join())
     assert len(answered) + len(refused) == 8 and answered
     assert server.healthy()
     assert client.chat.completions.create(model="target", messages=CHAT, max_tokens=4).choices
@@ -166,11 +168,14 @@ def _at_once(server, n: int, until=None) -> _Clients:
     return _Clients(threads, results)
 
 
-def _answered_in_order(results: dict) -> tuple[list, list]:
-    """The answered (id, finished at) in arrival order, the refused (body, Retry-After); none lost."""
+def _answered_in_order(server, results: dict) -> tuple[list, list]:
+    """The answered request ids, the refused (body, Retry-After); none lost, and the answered
+    finished in arrival order (ids are given in arrival order; the server logs each request as it
+    ends)."""
     assert len(results) == 8 and {code for code, *_ in results.values()} <= {200, 503}, results
-    answered = sorted((int(rid.split("-")[1]), t) for code, t, rid, _ in results.values() if code == 200)
-    assert [t for _, t in answered] == sorted(t for _, t in answered)   # finished in arrival order
+    answered = sorted((int(rid.split("-")[1]) for code, _, rid, _ in results.values() if code == 200))
+    ended = [int(m) for m in re.findall(r" 200 \d+ ms req-(\d+) ", server.log_text())]
+    assert [i for i in ended if i in answered] == answered
     return answered, [(body, retry) for code, _, body, retry in results.values() if code == 503]
 
 
