@@ -69,7 +69,7 @@ MULTICOL_WIDEST = 64
 # cheapest for it with the loaded model: ggml's own dispatch (its mat-vec up to 8 rows, mul_mat_q
 # from 9), the multi-column tensor-core kernels, or mul_mat_q where ggml would take its mat-vec.
 # No one crossover holds: the kernels beat mul_mat_q at 9-16 rows on the 1.5B reference and lost
-# to it there on a 32B shape (docs/decisions, cuda-dispatch-per-width). Each path is one setting of
+# to it there on a 32B shape (docs/decisions/0044). Each path is one setting of
 # the switches with every width it can take on it; a width is timed on each.
 CUDA_WIDEST = 16                      # the widest batch the kernels (and the switches' masks) take
 _ALL_WIDTHS = (1 << CUDA_WIDEST) - 1
