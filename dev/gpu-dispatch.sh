@@ -7,7 +7,10 @@
 #                                       (dev/gpu-build.sh) and write the targets, in the background
 #   bash dev/gpu-dispatch.sh queue      once both are done: dev/cuda_width_curves.py on each target,
 #                                       then the CUDA kernel tests, one after another in the
-#                                       background (dev/gpu-queue.sh); TESTS=-k... narrows the tests
+#                                       background (dev/gpu-queue.sh); TESTS=-k... narrows the tests,
+#                                       TESTS=none skips them; SHAPES (default "1.5b 7b 32b") names the
+#                                       targets; PROFILE_SHAPE=32b adds dev/verify_cost_probe.py's
+#                                       kernel table at 8 and 16 rows on it, stock and fixed
 #   bash dev/gpu-dispatch.sh wait SECS  wait up to SECS for the queue, copy what is done to $OUT
 set -euo pipefail
 case "$1" in
@@ -15,7 +18,7 @@ case "$1" in
     mkdir -p /tmp/mod/ref && rm -rf /tmp/repo0 && cp -r . /tmp/repo0 && cd /tmp/repo0
     (OUT= PARTS=/nonexistent setsid nohup bash dev/gpu-build.sh > /tmp/build.log 2>&1 &)
     python3 -m pip install -q --no-index --no-deps --target /tmp/gsite .gpu/whl/gguf*.whl
-    (setsid nohup bash -c 'for s in 1.5b 7b 32b; do
+    (SHAPES="${SHAPES:-1.5b 7b 32b}" setsid nohup bash -c 'for s in $SHAPES; do
        PYTHONPATH=/tmp/gsite python3 dev/synthetic_target.py --shape $s /tmp/mod/s$s.gguf \
          --tokenizer-from .gpu/tok/tok.gguf || exit 1; done; echo generated' > /tmp/gen.log 2>&1 &)
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader ;;
@@ -27,8 +30,11 @@ case "$1" in
     # the tests take the reference's tokenizer from a model that holds it
     ln -sf /tmp/mod/s1.5b.gguf /tmp/mod/ref/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf
     { nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader > /tmp/queue-gpu.txt
-      for s in 1.5b 7b 32b; do echo "python3 dev/cuda_width_curves.py /tmp/mod/s$s.gguf \$RES/curves-$s.json"; done
-      echo "LOCALSPEC_BENCH_MODELS=/tmp/mod/ref python3 -m pytest -q -rs -p no:cacheprovider ${TESTS:-} tests/engine/test_multicol_cuda.py tests/engine/test_synthetic_target.py > \$RES/kernel-tests.txt 2>&1"
+      for s in ${SHAPES:-1.5b 7b 32b}; do echo "python3 dev/cuda_width_curves.py /tmp/mod/s$s.gguf \$RES/curves-$s.json"; done
+      if [ -n "${PROFILE_SHAPE:-}" ]; then for d in stock:GGML_CUDA_MULTICOL_WIDTHS=0 fixed:; do
+        echo "env ${d#*:} PROFILE=8,16 python3 dev/verify_cost_probe.py /tmp/mod/s$PROFILE_SHAPE.gguf 1,8,16 > \$RES/profile-$PROFILE_SHAPE-${d%%:*}.txt 2>&1"
+      done; fi
+      [ "${TESTS:-}" = none ] || echo "LOCALSPEC_BENCH_MODELS=/tmp/mod/ref python3 -m pytest -q -rs -p no:cacheprovider ${TESTS:-} tests/engine/test_multicol_cuda.py tests/engine/test_synthetic_target.py > \$RES/kernel-tests.txt 2>&1"
     } > /tmp/jobs.txt
     bash dev/gpu-queue.sh start /tmp/jobs.txt ;;
   wait)
