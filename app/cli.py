@@ -308,7 +308,8 @@ def _add_calibrate(sub: argparse._SubParsersAction) -> None:
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from localspec.engine.build import load, with_head
+    from localspec.engine.build import load
+    from localspec.engine.drafters.head_stage import with_head
     from localspec.engine.config import TreeBudget
 
     from .progress import terminal_progress
@@ -322,9 +323,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     model, draft = options.model, options.head if options.head is not None else options.draft
     with terminal_progress(sys.stderr) as progress:
         loaded = load(options, names, measure=True, refresh=args.refresh, progress=progress)
-    if loaded.head_left_out:   # the installed head sits out here: the target's costs alone
+    if "head" in loaded.sat_out:   # the installed head sits out here: the target's costs alone
         names = [n for n in names if n != "head"]
-        show(f"head {options.head.name}: sits out on this machine: {loaded.head_left_out}")
+        show(f"head {options.head.name}: sits out on this machine: {loaded.sat_out['head']}")
     try:
         costs = loaded.stage_costs(loaded.stages(names))   # a head times its own steps
     finally:

@@ -169,7 +169,8 @@ def _info(path: Path) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from localspec.engine import torch_lm  # noqa: F401  (torch before llama.cpp)
+    from localspec.engine.drafters.registry import Needs, first_imports
+    first_imports(Needs(runtime="transformers"))   # torch before llama.cpp
     from localspec.engine.head_train_model import TrainingModel
     from localspec.engine.llama_model import gpu_offload_supported
     from localspec.engine.head_train import (collect, function_prompts, generate_corpus, join, load_corpus,

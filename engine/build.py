@@ -3,120 +3,41 @@
 Why it is shaped so: the session, bench, `localspec calibrate` and tools all need the same steps in
 the same order, and each step depends on the one before:
 
-1. torch, when a stage runs in PyTorch, is imported before any llama.cpp model loads (the load
-   order every GPU measurement used);
-2. the target loads, then what the stages are built from (`registry.Parts`): a GGUF draft model
-   (checked against the target's vocabulary), a PyTorch draft, a head, the n-gram store;
+1. each requested stage's kind (drafters/registry.py, drafters/stage.py) declares what it needs
+   from the target (hidden states, the layers read beside the last, a prefill tail) and what it
+   runs in, imported before any llama.cpp model loads;
+2. the target loads with that, then each stage's parts beside it (`registry.Parts`: a GGUF draft
+   model checked against the target's vocabulary, a PyTorch draft, a head, the n-gram store);
 3. calibration measures the target's batch costs beside the GGUF draft's (cached per machine),
-   and decides with them how a GGUF draft on a GPU shapes its forwards: padded to one shape
-   unless a change of shape is cheap there;
+   and each stage settles with them: its own cost curve, its limits, or why it sits out on this
+   machine (then the target stops doing what only it needed, measured again without it);
 4. the stages are built by name through the registry;
 5. each stage adds its own cost curve (a PyTorch draft and a head time themselves), and the
    engine starts from the estimates the last run learnt.
 
-Before step 1, `with_head` names the draft head a run uses when the options leave it automatic
-(the head installed for the target, models/heads.py): the one place that decides it, so the
-library, every command and the chat's engine process find the same head.
-
 `load` does steps 1-3 and hands back a `Loaded`, from which any number of engines are built
 (`Loaded.engine`: steps 4-5; bench builds one per configuration over one target); `build` does all
-five for one engine (the session). Nothing here switches on a drafter's type: stage names pick the
-factories.
+five for one engine (the session). Nothing here names a drafter: the stage names pick the kinds,
+and the kinds' hooks say what each needs (the draft head's, and the choice of the head installed
+for the target, are drafters/head_stage.py's).
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
-from .calibrate import MAX_AGE, Progress, cache_path, calibrate, default_cache_dir, learnt_path, read_json, write_json
+from .calibrate import Progress, calibrate, learnt_path, read_json
 from .costs import Costs
-from .config import HEAD_CONTEXT, HEAD_MAX_STEP_SHARE, TreeBudget
+from .config import TreeBudget
 from .decode import Engine
 from .drafters import registry
 from .drafters.base import Drafter
-from .errors import LocalspecError, vocab_mismatch
+from .errors import LocalspecError
 from .llama_model import EXACT_MAX_ROWS, LlamaModel, gpu_offload_supported
 from .options import Options
 from .policy import make_policy
 from .target import Target
-
-
-def check_head_path(path: str | Path) -> Path:
-    path = Path(path).expanduser()
-    if not path.is_file():
-        raise LocalspecError("Draft head not found", str(path),
-                             "Pass the .npz file `localspec head train` wrote, or leave out --head")
-    return path
-
-
-def with_head(options: Options) -> Options:
-    """`options` with the head this run uses named in `head`: when none is given and heads are on
-    (`use_head`), the head installed for the target (models/heads.py), if there is one; otherwise
-    unchanged. `options.model` must be a path. Reads the target's header (a fraction of a second)."""
-    if options.head is not None or not options.use_head or not options.speculation:
-        return options
-    from localspec.models.heads import head_for
-
-    found = head_for(options.model)
-    return options if found is None else replace(options, head=found, head_found=True)
-
-
-def _unusable_installed_head(err: LocalspecError, path: Path) -> LocalspecError:
-    """A head found for the target that does not load: the user did not name it, so the fix says
-    how to run without it too."""
-    return LocalspecError(err.title, f"{err.cause} (the head installed for this model)",
-                          f"{err.fix}; or run without it: --no-head, or delete '{path}'")
-
-
-def head_taps(path: str | Path, target: str | Path | None = None) -> tuple[int, ...]:
-    """The target layers a head file reads beside the last (its shape's "taps"), which the target
-    must be opened with; () for a head without, or a meta that does not say (the head's own load
-    then says what is wrong with it). With `target`: refused, with the fix, where the target has
-    no such layers (a file made for another model)."""
-    from localspec.models.gguf_file import read_gguf
-    from localspec.models.head_file import bad_head, read_meta
-
-    try:
-        taps = read_meta(check_head_path(path)).get("shape", {}).get("taps", [])
-    except (LocalspecError, AttributeError):
-        return ()
-    if not (isinstance(taps, list) and all(isinstance(t, int) for t in taps)):
-        return ()
-    if target is not None and taps:
-        info = read_gguf(target)
-        n_layer = info.n_layer
-        if n_layer is None or not all(0 <= t < n_layer for t in taps):
-            raise bad_head(Path(path), f"it reads layers {taps}; '{info.path.name}' has "
-                                       f"{n_layer or 'no stated number of'} layers")
-    return tuple(taps)
-
-
-def load_head(path: str | Path, model: LlamaModel):
-    """A DraftHead for `model` (opened with hidden=True and the head's taps), on the GPU where
-    there is one."""
-    from localspec.models.head_file import bad_head
-
-    from .drafters.head import DraftHead   # torch is heavy: import only when used
-
-    head = DraftHead(check_head_path(path), model.path, n_embd=model.n_embd, vocab_size=model.vocab_size)
-    if head.shape.taps != model.taps:
-        raise bad_head(head.path, f"it reads the target's layers {list(head.shape.taps)}; the target "
-                                  f"was opened reading {list(model.taps)}")
-    return head
-
-
-def check_same_vocab(target: LlamaModel, draft: LlamaModel) -> None:
-    if draft.vocab_size != target.vocab_size:
-        raise vocab_mismatch(draft.path.name, draft.vocab_size, target.path.name, target.vocab_size)
-    step = max(1, target.vocab_size // 997)
-    for token in range(0, target.vocab_size, step):
-        if target.token_text(token) != draft.token_text(token):
-            raise LocalspecError("Draft vocabulary does not match the target",
-                                 f"token {token} is {target.token_text(token)!r} in the target but "
-                                 f"{draft.token_text(token)!r} in the draft (both {target.vocab_size} tokens)",
-                                 "Use a draft from the target's model family (same tokenizer)")
 
 
 def check_exact_tree(options: Options) -> None:
@@ -144,7 +65,7 @@ class Loaded:
     model: LlamaModel
     parts: registry.Parts      # the target, the draft model, the PyTorch draft, the head, the store
     costs: Costs | None        # the calibration (None: not measured)
-    head_left_out: str | None = None   # why the installed head was left out on this machine
+    sat_out: dict[str, str] = field(default_factory=dict)   # stage name -> why it sits out here
     _curves: dict[tuple[str, ...], Costs] = field(default_factory=dict, repr=False)
 
     @property
@@ -193,9 +114,7 @@ class Loaded:
         return new_engine(self.parts.target, stages, budget, costs, self.offloaded)
 
     def close(self) -> None:
-        for resource in (self.parts.gguf_draft, self.parts.torch_lm, self.parts.store):
-            if resource is not None:
-                resource.close()
+        self.parts.close()
         self.model.close()
 
 
@@ -216,12 +135,12 @@ def load(options: Options, names: Sequence[str], *, measure: bool, refresh: bool
     must be paths (the app resolves installed models' names first); LocalspecError for what the
     user can fix. measure: calibrate (refresh: measure again even if cached); progress is told
     each step of a first calibration on this machine (calibrate.Step)."""
-    if "head" in names:
-        check_head_path(options.head)          # before the slow target load
-    if "torch-draft" in names:
-        from . import torch_lm  # noqa: F401  (torch before llama.cpp: the measured load order)
-    elif "head" in names:      # torch alone: transformers' import would add seconds to each start
-        import torch  # noqa: F401
+    kinds = {name: registry.kind(name) for name in names}
+    for kind in kinds.values():
+        kind.check(options)                 # before the slow target load
+    needs = {name: kind.needs(options) for name, kind in kinds.items()}
+    need = registry.needs_of(needs.values())
+    registry.first_imports(need)
     nodes = options.budget.max_nodes
     spec = options.speculation     # room for trees (bench builds its stages over this target)
     n_ctx = options.n_ctx or default_context(options)
@@ -229,113 +148,55 @@ def load(options: Options, names: Sequence[str], *, measure: bool, refresh: bool
                        n_seq_max=max(2, nodes + 1) if spec else 1,
                        n_gpu_layers=options.n_gpu_layers, n_threads=options.n_threads,
                        n_batch=max(512, nodes + 2), n_pad_seqs=nodes + 1 if spec else 0,
-                       hidden="head" in names, exact=options.exact,
-                       taps=head_taps(options.head, options.model) if "head" in names else ())
-    opened: list[Any] = [model]    # closed on failure, the target last
-    gguf = lm = head = store = None
+                       hidden=need.hidden, exact=options.exact, taps=need.taps)
+    parts = registry.Parts(None)   # the target goes in last, as its stages left it
+    sat_out: dict[str, str] = {}
+    curves: dict[tuple[str, ...], Costs] = {}
     try:
-        if "draft" in names:
-            gguf = LlamaModel(Path(options.draft).expanduser(), n_ctx=model.n_ctx,
-                              n_seq_max=nodes + 1, n_gpu_layers=options.n_gpu_layers,
-                              n_threads=options.n_threads,
-                              n_pad_seqs=options.draft_limits.pad_rows - 1)
-            opened.append(gguf)
-            check_same_vocab(model, gguf)
-        if "torch-draft" in names:
-            from .torch_lm import TorchLM
-            lm = TorchLM.load(Path(options.draft).expanduser(), max_len=model.n_ctx)
-            opened.append(lm)
-            if lm.vocab_size != model.vocab_size:
-                raise vocab_mismatch(Path(options.draft).name, lm.vocab_size, model.path.name,
-                                     model.vocab_size)
-        if "personal" in names:
-            from localspec.models.ngram_store import NgramStore, vocab_key
-            store = NgramStore.open(vocab_key(model), label=model.path.name)
-            opened.append(store)
-        left_out, curves = None, {}
-        if "head" in names and measure and options.head_found and not refresh:
-            left_out = _sat_out(model, Path(options.head))
-            if left_out:   # measured before on this machine: not loaded, not compiled, not timed
-                model.set_hidden(False)
-        if "head" in names and not left_out:
-            try:
-                head = load_head(options.head, model)
-                head.prepare(progress)    # a GPU's graphs, compiled, before the costs measure them
-            except LocalspecError as err:
-                from localspec.models.heads import is_installed
-
-                if is_installed(options.head):
-                    raise _unusable_installed_head(err, Path(options.head)) from None
-                raise
-        costs = (calibrate(model, gguf, nodes, refresh=refresh, progress=progress)
+        for name, kind in kinds.items():
+            got = kind.load(options, model, parts, remembered=measure and not refresh, progress=progress)
+            parts = _take(got, name, sat_out)
+        need = _without_hidden(model, need, needs, sat_out)
+        costs = (calibrate(model, parts.gguf_draft, nodes, refresh=refresh, progress=progress)
                  if measure else None)
-        head_limits = options.head_limits
-        if head is not None and costs is not None:
-            from .drafters.head import head_costs
-
-            curve = head_costs(costs, head)       # the head's step, measured now
-            if options.head_found:
-                share = curve.draft_cost(1) / curve.target_cost(1)
-                _remember_share(model, head.path, share)
-                left_out = _head_too_dear(head.path, share)
-            if left_out:   # the run's costs are the target's without hidden states (cached apart)
-                head = None
-                model.set_hidden(False)
-                costs = calibrate(model, gguf, nodes, refresh=refresh, progress=progress)
-            else:          # stage_costs' entry for the head: its step measured once a load
-                curves[("head",)] = curve
-                if head_limits.floor is None:   # its trees grow only what pays here
-                    head_limits = replace(head_limits, floor=curve.growth_floor(head_limits.width))
+        while True:
+            for name, kind in kinds.items():
+                if name not in sat_out:
+                    got = kind.settle(options, model, parts, costs)
+                    parts = _take(got, name, sat_out)
+                    if got.curve is not None:   # stage_costs' entry: its step measured once a load
+                        curves[(name,)] = got.curve
+            kept = _without_hidden(model, need, needs, sat_out)
+            if kept.hidden == need.hidden:
+                break
+            # the hidden states' only reader sat out: the run's costs are the target's without
+            # them (cached apart), and the stages left settle again on those
+            need = kept
+            costs = (calibrate(model, parts.gguf_draft, nodes, refresh=refresh, progress=progress)
+                     if measure else None)
     except BaseException:
-        for resource in reversed(opened):
-            resource.close()
+        parts.close()
+        model.close()
         raise
-    draft_stable = (gguf is not None
-                    and (options.stable_shapes if options.stable_shapes is not None
-                         else gguf.n_gpu_layers != 0)
-                    and not (costs is not None and costs.cheap_switch))
-    parts = registry.Parts(Target(model, hidden_tail=HEAD_CONTEXT if head else 1), gguf_draft=gguf, torch_lm=lm, head=head, store=store,
-                           draft_limits=options.draft_limits, head_limits=head_limits,
-                           draft_stable=draft_stable,
-                           draft_path=Path(options.draft) if options.draft else None)
-    return Loaded(options, model, parts, costs, left_out, curves)
+    parts = replace(parts, target=Target(model, hidden_tail=need.tail))
+    return Loaded(options, model, parts, costs, sat_out, curves)
 
 
-def _share_file(model: LlamaModel, head: Path) -> Path:
-    """Where the installed head's measured step share is kept: beside the calibration of the
-    target with hidden states, named for the head file (`head_tag`)."""
-    from .drafters.head import head_tag   # torch: imported only with a head
-
-    path = cache_path([model], default_cache_dir())
-    return path.with_name(f"{path.stem}-head-{head_tag(head)}.share.json")
+def _take(got: registry.Settled, name: str, sat_out: dict[str, str]) -> registry.Parts:
+    """A hook's parts, noting in `sat_out` why stage `name` sits out, if it does."""
+    if got.sat_out:
+        sat_out[name] = got.sat_out
+    return got.parts
 
 
-def _remember_share(model: LlamaModel, head: Path, share: float) -> None:
-    write_json(_share_file(model, head), {"measured": time.time(), "share": share})
-
-
-def _sat_out(model: LlamaModel, head: Path) -> str | None:
-    """Why the installed head sits out, where a load on this machine within the calibration's
-    MAX_AGE measured its step over HEAD_MAX_STEP_SHARE of the target's; else None (load it and
-    measure). Loading it only to leave it out costs a GPU its compile, the head's tables and a
-    calibration with hidden states, every start."""
-    data = read_json(_share_file(model, head))
-    share, when = data.get("share"), data.get("measured")
-    if not isinstance(share, (int, float)) or not isinstance(when, (int, float)):
-        return None
-    return _head_too_dear(head, share, when) if time.time() - when < MAX_AGE else None
-
-
-def _head_too_dear(path: Path, share: float, measured: float | None = None) -> str | None:
-    """Why the installed head at `path` sits out on this machine, or None: its one-row step costs
-    `share` of the target's, more than HEAD_MAX_STEP_SHARE (measured: when a past load measured
-    it, a time.time(); None: this load)."""
-    if share <= HEAD_MAX_STEP_SHARE:
-        return None
-    when = ("" if measured is None else f"; measured {time.strftime('%Y-%m-%d', time.localtime(measured))}, "
-            "`localspec calibrate --refresh` measures again")
-    return (f"its step costs {share:.0%} of the model's here (at most {HEAD_MAX_STEP_SHARE:.0%} "
-            f"pays{when}); --head {path} uses it anyway")
+def _without_hidden(model: LlamaModel, need: registry.Needs, needs: dict[str, registry.Needs],
+                    sat_out: dict[str, str]) -> registry.Needs:
+    """What the stages that did not sit out need; the target stops handing back hidden states
+    where none of them reads them any more."""
+    kept = registry.needs_of(n for name, n in needs.items() if name not in sat_out)
+    if need.hidden and not kept.hidden:
+        model.set_hidden(False)
+    return kept
 
 
 @dataclass
@@ -352,16 +213,6 @@ class Built:
     def model(self) -> LlamaModel:
         return self.loaded.model
 
-    @property
-    def store(self):
-        """The personal n-gram store (NgramStore) or None."""
-        return self.loaded.parts.store
-
-    @property
-    def head(self):
-        """The DraftHead or None."""
-        return self.loaded.parts.head
-
     def close(self) -> None:
         for d in self.stages:
             d.close()
@@ -369,16 +220,14 @@ class Built:
 
 
 def build(options: Options, progress: Progress | None = None) -> Built:
-    """Load and build everything `options` asks for (see `load`; a head left automatic is found
-    first: `with_head`); progress: told each step of a first calibration on this machine
+    """Load and build everything `options` asks for (see `load`; the session names the head first:
+    head_stage.with_head); progress: told each step of a first calibration on this machine
     (calibrate.Step)."""
-    options = with_head(options)
     names = options.stages
     check_exact_tree(options)
     loaded = load(options, names, measure=bool(names) and options.budget.adaptive and options.calibrate,
                   progress=progress)
-    if loaded.head_left_out:
-        names = tuple(n for n in names if n != "head")
+    names = tuple(n for n in names if n not in loaded.sat_out)
     stages: list[Drafter] = []
     try:
         stages = loaded.stages(names)

@@ -73,7 +73,7 @@ class DraftLimits:
     # Growth stops below this path probability under the drafter (0: grows its whole budget):
     # a node costs a verify row and, alone at its depth, a drafter step, which a guess less
     # likely than this does not return on this machine. None: `Costs.growth_floor` where the
-    # load measures costs (a head's, build.load), else 0.
+    # load measures costs (a head's: drafters/head_stage.py), else 0.
     floor: float | None = None
 
     @property

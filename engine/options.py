@@ -16,7 +16,7 @@ Why it is shaped so:
   drafter names the builder walks (engine/drafters/registry.py).
 * A draft head is automatic: `head=None` means the head installed for the target, if there is
   one; `head` names another, `use_head=False` none. The builder finds the installed one
-  (engine/build.py's `with_head`, which reads the target file's fingerprint), so options stay plain
+  (drafters/head_stage.py's `with_head`, which reads the target file's fingerprint), so options stay plain
   data and the library's defaults run what the CLI runs without flags.
 """
 from __future__ import annotations
@@ -122,10 +122,10 @@ class Options:
     draft: str | Path | None = None    # a .gguf (llama.cpp) or a transformers folder (PyTorch)
     head: str | Path | None = None     # a draft head trained for this target (drafters/head.py),
                                        # in the draft model's place; None: the head installed for
-                                       # the target (models/heads.py), if any (build.with_head)
+                                       # the target (models/heads.py), if any (head_stage.with_head)
     use_head: bool = True              # False: no head, not even the one installed for the target
-    head_found: bool = False           # `head` is the installed one build.with_head found (not named):
-                                       # it drafts only where its step is cheap enough (build.load)
+    head_found: bool = False           # `head` is the installed one head_stage.with_head found (not named):
+                                       # it drafts only where its step is cheap enough (head_stage)
     use_draft: bool = True             # False: no draft model, not even an installed model's own
     torch_draft: bool = False          # run a .gguf draft in PyTorch (a folder always is)
     speculation: bool = True
@@ -160,7 +160,7 @@ class Options:
         """The drafters to build, cheapest first, by their registry names (none without
         speculation): Max-Gram, the personal n-grams, then one neural stage: the head if there is
         one, else the draft model (in PyTorch for a folder or when asked, else in llama.cpp). The
-        head installed for the target counts once build.with_head has named it in `head`."""
+        head installed for the target counts once head_stage.with_head has named it in `head`."""
         if not self.speculation:
             return ()
         neural: tuple[str, ...] = ()

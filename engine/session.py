@@ -15,11 +15,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
-from .build import build, check_head_path, load_head, with_head  # noqa: F401  (load_head, check_head_path: the API)
+from .build import build
 from .calibrate import Progress, write_json
 from .chat import chat_tokens
 from .config import GenerationRequest, SamplingParams
 from .conversation import Fitted, fit, reply_room
+from .drafters import registry
+from .drafters.head_stage import with_head
 from .generation import Event, Generation, finish
 from .native import switched
 from .options import Options
@@ -27,11 +29,11 @@ from .options import Options
 
 def draft_runs_in_torch(path: Path | None, torch_draft: bool = False) -> bool:
     """Whether the draft at `path` runs in PyTorch (a transformers folder always does, a .gguf
-    when asked); if so torch is imported now, before any llama.cpp model loads: the order every
-    GPU measurement used (with the system libstdc++ preloaded, dev/gpu-env.sh)."""
+    when asked); if so torch is imported now, before any llama.cpp model loads
+    (registry.first_imports)."""
     if path is None or not (torch_draft or Path(path).expanduser().is_dir()):
         return False
-    from . import torch_lm  # noqa: F401
+    registry.first_imports(registry.Needs(runtime="transformers"))
     return True
 
 
@@ -47,10 +49,10 @@ class Session:
         built = self._built = build(cfg, progress)
         self.cfg = cfg = replace(cfg, n_ctx=built.model.n_ctx)   # a fitted context (0) as opened
         self.model, self.stages, self.costs = built.model, built.stages, built.costs
-        self.engine, self.store, self.head = built.engine, built.store, built.head
+        self.engine, self.store, self.head = built.engine, built.loaded.parts.store, built.loaded.parts.head
         self._learnt_path = built.learnt_path
         # why the head installed for the target sits out on this machine (build.load), or None
-        self.head_left_out = built.loaded.head_left_out
+        self.head_left_out = built.loaded.sat_out.get("head")
 
     def chat_prompt(self, messages: Sequence[dict],
                     should_stop: Callable[[], bool] | None = None) -> list[int]:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from localspec.app import models_cmd
-from localspec.engine.build import with_head
+from localspec.engine.drafters.head_stage import with_head
 from localspec.engine.config import TreeBudget
 from localspec.engine.errors import LocalspecError
 from localspec.engine.options import Options
@@ -123,12 +123,12 @@ def test_an_installed_head_drafts_only_where_its_step_costs_little_beside_the_mo
     HEAD_MAX_STEP_SHARE the head is left out, the target stops handing back hidden states and
     the run goes on without it, saying how to use it anyway; a head named with --head is used
     whatever its step costs."""
-    from localspec.engine import build as build_mod
     from localspec.engine.session import Session
 
     from localspec.engine.drafters import head as head_mod
+    from localspec.engine.drafters import head_stage
 
-    monkeypatch.setattr(build_mod, "HEAD_MAX_STEP_SHARE", share)
+    monkeypatch.setattr(head_stage, "HEAD_MAX_STEP_SHARE", share)
     measured = []
     timed = head_mod.head_costs
     monkeypatch.setattr(head_mod, "head_costs", lambda *a: measured.append(1) or timed(*a))
@@ -165,21 +165,22 @@ def test_an_installed_head_that_sat_out_here_is_not_loaded_again_until_measured_
 
     from localspec.engine import build as build_mod
     from localspec.engine.drafters import head as head_mod
+    from localspec.engine.drafters import head_stage
 
-    monkeypatch.setattr(build_mod, "HEAD_MAX_STEP_SHARE", share)
+    monkeypatch.setattr(head_stage, "HEAD_MAX_STEP_SHARE", share)
     loads = []
-    real_load = build_mod.load_head
-    monkeypatch.setattr(build_mod, "load_head", lambda *a: loads.append(1) or real_load(*a))
+    real_load = head_stage.load_head
+    monkeypatch.setattr(head_stage, "load_head", lambda *a: loads.append(1) or real_load(*a))
     installed = install_head(tiny, tiny_head)
     options = Options(tiny.target_gguf, n_ctx=256, n_threads=1, maxgram=False, personal=False,
                       budget=TreeBudget(8, adaptive=True))
 
     def start(refresh: bool = False) -> tuple[int, str | None]:
         loads.clear()
-        loaded = build_mod.load(build_mod.with_head(options), ["head"], measure=True, refresh=refresh)
+        loaded = build_mod.load(head_stage.with_head(options), ["head"], measure=True, refresh=refresh)
         try:
             assert loaded.model.hidden == (loaded.parts.head is not None)
-            return len(loads), loaded.head_left_out
+            return len(loads), loaded.sat_out.get("head")
         finally:
             loaded.close()
 
@@ -278,9 +279,9 @@ def test_calibrate_with_an_installed_head_that_sits_out_measures_the_target_alon
     head sits out, the first time (measured) and the next (remembered); not a crash on the
     head's missing stage."""
     from localspec.app import cli
-    from localspec.engine import build as build_mod
+    from localspec.engine.drafters import head_stage
 
-    monkeypatch.setattr(build_mod, "HEAD_MAX_STEP_SHARE", 0.0)
+    monkeypatch.setattr(head_stage, "HEAD_MAX_STEP_SHARE", 0.0)
     installed = install_head(tiny, tiny_head)
     for when in ("its step costs", "measured 20"):
         assert cli.main(["calibrate", "--model", str(tiny.target_gguf), "--ctx", "256", "--threads", "1"]) == 0

@@ -89,7 +89,7 @@ def test_taps_hand_back_layer_inputs_after_the_final_state(tiny):
 
 
 def test_head_with_taps_learns_and_needs_a_target_read_at_its_taps(tiny, tiny_head_taps):
-    from localspec.engine.build import head_taps, load_head
+    from localspec.engine.drafters.head_stage import head_taps, load_head
 
     meta = json.loads(str(np.load(tiny_head_taps)["meta"]))
     assert meta["shape"]["taps"] == [1, 2] and head_taps(tiny_head_taps) == (1, 2)
@@ -291,10 +291,10 @@ def test_head_drafts_the_targets_tokens_far_above_chance_and_output_stays_plain(
     picks here, and with int8 weights (what a CPU picks where they step fastest)."""
     from tiny_models import held_out_corpus
 
-    from localspec.engine import build
+    from localspec.engine.drafters import head_stage
 
     if int8:
-        monkeypatch.setattr(build, "load_head", lambda path, model: DraftHead(
+        monkeypatch.setattr(head_stage, "load_head", lambda path, model: DraftHead(
             path, model.path, n_embd=model.n_embd, vocab_size=model.vocab_size, device="cpu", int8=True))
 
     options = dict(n_ctx=512, n_threads=1)
