@@ -42,8 +42,11 @@ class PromptActions:
             return
         if self.read_only and not await self.try_to_write():
             return
-        try:   # a paste or attachments longer than the context could hold stay unsent
-            content = check_prompt(expand_attachments(text), self.app.base_spec.n_ctx, "the message")
+        # a paste or attachments longer than the context could hold stay unsent: the context the
+        # engine opened (a fitted one is known once it is ready), else the one asked for
+        n_ctx = (self.ready.n_ctx if self.ready is not None else 0) or self.app.base_spec.n_ctx
+        try:
+            content = check_prompt(expand_attachments(text), n_ctx, "the message")
         except LocalspecError as err:
             self.show_notice(f"{err.title}: {err.cause}. {err.fix}")
             return
