@@ -35,7 +35,7 @@ from localspec.engine.numerics import first_difference, top2_gap
 from localspec.engine.options import Options
 from localspec.engine.session import Session, draft_runs_in_torch
 
-from . import workloads
+from . import conversations, workloads
 from .humaneval_check import pass_at_1
 from .workloads import Prompt
 
@@ -292,7 +292,12 @@ def bench_inputs(model: Path, workload: str, limit: int, learn: Sequence[str], l
     store, a description of the store's source)."""
     probe = Session(Options(model, speculation=False, n_ctx=n_ctx))
     try:
-        prompts = workloads.build(workload, limit, probe.raw_prompt, probe.chat_prompt)
+        if workload == "conversation":        # (name, each turn's user message): bench_conversation.py
+            prompts = conversations.conversations(limit)
+        elif workload == "conversation-long":
+            prompts = conversations.long_conversation(lambda text: len(probe.raw_prompt(text)), limit)
+        else:
+            prompts = workloads.build(workload, limit, probe.raw_prompt, probe.chat_prompt)
         store, source = open_ngram_store(model, learn, learn_max_tokens, probe.raw_prompt, scratch)
     finally:
         probe.close()

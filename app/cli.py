@@ -237,62 +237,35 @@ def cmd_bench(args: argparse.Namespace) -> int:
     model = model_path(args.model, "Model")
     draft = model_path(args.draft, "Draft model") if args.draft else None
     draft_runs_in_torch(draft, args.torch_draft)
-    if talks:
-        return _bench_conversations(args, names, options, model, draft)
     scratch = tempfile.TemporaryDirectory(prefix="localspec-bench-") if args.learn else None
     prompts, store, learnt = bench.bench_inputs(model, args.workload, args.limit, args.learn, args.learn_max_tokens,
                                                 Path(scratch.name) if scratch else None, options.n_ctx)
+
+    def progress(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
     try:
-        report = bench.run_bench(model, draft, prompts, names, options.max_tokens, options.sampling,
-                                 options.n_ctx,
-                                 store=store, check=not args.no_exec, torch_draft=args.torch_draft,
-                                 head=Path(args.head).expanduser() if args.head else None,
-                                 exact=options.exact, n_threads=options.n_threads,
-                                 progress=lambda line: print(line, file=sys.stderr, flush=True))
-    finally:
-        store.close()
-        if scratch:
-            scratch.cleanup()
-    report["workload"] = args.workload
-    report["ngram_source"] = learnt
-    print(bench.format_table(report))
-    for path in bench.write_outputs(report, Path(args.out)):
-        print(f"wrote {path}")
-    return 0
+        if talks:   # prompts: conversations, each turn's user message
+            from localspec.app import bench_conversation as runner
 
-
-
-def _bench_conversations(args: argparse.Namespace, names: list[str], options, model: Path,
-                         draft: Path | None) -> int:
-    """bench's conversation workloads (app/bench_conversation.py)."""
-    from localspec.app import bench, bench_conversation, conversations
-    from localspec.engine.options import Options
-    from localspec.engine.session import Session
-
-    scratch = tempfile.TemporaryDirectory(prefix="localspec-bench-") if args.learn else None
-    probe = Session(Options(model, speculation=False, n_ctx=options.n_ctx))
-    try:
-        if args.workload == "conversation":
-            talks = conversations.conversations(args.limit)
+            report = runner.run_conversation_bench(
+                model, draft, prompts, names, options.max_tokens, options.sampling, options.n_ctx, store=store,
+                n_threads=options.n_threads, exact=options.exact, progress=progress)
         else:
-            talks = conversations.long_conversation(lambda text: len(probe.raw_prompt(text)), args.limit)
-        store, learnt = bench.open_ngram_store(model, args.learn, args.learn_max_tokens, probe.raw_prompt,
-                                               Path(scratch.name) if scratch else None)
-    finally:
-        probe.close()
-    try:
-        report = bench_conversation.run_conversation_bench(
-            model, draft, talks, names, options.max_tokens, options.sampling, options.n_ctx, store=store,
-            n_threads=options.n_threads, exact=options.exact,
-            progress=lambda line: print(line, file=sys.stderr, flush=True))
+            runner = bench
+            report = bench.run_bench(model, draft, prompts, names, options.max_tokens, options.sampling,
+                                     options.n_ctx,
+                                     store=store, check=not args.no_exec, torch_draft=args.torch_draft,
+                                     head=Path(args.head).expanduser() if args.head else None,
+                                     exact=options.exact, n_threads=options.n_threads, progress=progress)
     finally:
         store.close()
         if scratch:
             scratch.cleanup()
     report["workload"] = args.workload
     report["ngram_source"] = learnt
-    print(bench_conversation.format_table(report))
-    for path in bench.write_outputs(report, Path(args.out), plot=False):
+    print(runner.format_table(report))
+    for path in bench.write_outputs(report, Path(args.out), plot=not talks):
         print(f"wrote {path}")
     return 0
 

@@ -236,3 +236,25 @@ def test_a_conversation_run_can_be_asked_for_alone(tiny):
     with pytest.raises(LocalspecError, match="Unknown conversation run"):
         bench_conversation.run_conversation_bench(tiny.target_gguf, None, talks, ["plain+later"], 8,
                                                   SamplingParams(), 512, n_threads=1)
+
+
+def test_bench_command_runs_a_conversation_workload(tiny, tmp_path):
+    """`bench --workload conversation`: the runs asked for, turn by turn, its table and files (no
+    plot: its report is by turn), the n-gram stage learnt from --learn as for prompts."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "doc.py").write_text(held_out_corpus(1)[0])
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, "-m", "localspec.app.cli", "bench", "--model", str(tiny.target_gguf),
+         "--workload", "conversation", "--limit", "1", "--max-tokens", "8", "--ctx", "1024",
+         "--configs", "plain+cache,adaptive-nomodel+cache", "--learn", str(corpus), "--threads", "1",
+         "--out", str(out)],
+        capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "time to first token" in proc.stdout and "adaptive-nomodel+cache" in proc.stdout
+    report = json.loads((out / "bench.json").read_text())
+    assert [r["config"] for r in report["rows"]] == ["plain+cache", "adaptive-nomodel+cache"]
+    assert report["workload"] == "conversation" and report["ngram_source"].startswith("1 files")
+    assert len(report["turns"]) == 5 and report["turns"][1]["plain+cache"]["reused_tokens"] > 0
+    assert sorted(p.name for p in out.iterdir()) == ["bench.json", "completions.json"]
