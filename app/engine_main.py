@@ -77,6 +77,7 @@ class Server:
         self._dropped = 0            # how many messages that was
         self._conversation: str | None = None   # whose tokens the target's cache holds
         self.snapshots = Snapshots(data_dir() / "kv-cache", snapshot_key(session.model),
+                                   cap_bytes=session.cfg.kv_cache_mb << 20,
                                    note=lambda line: print(line, file=sys.stderr))
 
     def send(self, event: Ready | Token | Done | Error) -> None:

@@ -171,7 +171,8 @@ def settings_options(run: Settings, base: Options) -> Options:
     which holds what settings do not (context, GPU layers, tree size, a head file)."""
     return replace(base, model=run.model or "", draft=run.draft,
                    use_draft="draft" in run.stages, speculation=run.speculation,
-                   personal="personal" in run.stages, use_head=run.use_head, exact=run.exact)
+                   personal="personal" in run.stages, use_head=run.use_head, exact=run.exact,
+                   kv_cache_mb=run.kv_cache_mb)
 
 
 def resolved(options: Options) -> Options:

@@ -23,6 +23,7 @@ from pathlib import Path
 import platformdirs
 
 from localspec.engine.errors import LocalspecError
+from localspec.engine.options import Options
 from localspec.engine.options import problems as option_problems
 from localspec.models.own_files import SETTINGS_MAX_BYTES, Unreadable, read_json
 
@@ -47,12 +48,14 @@ class Settings:
     system_prompt: str = ""
     show_sources: bool = False         # colour each token by the drafter that proposed it
     exact: bool = False                # exact numerics (CPU): speculation emits plain decoding's tokens
+    kv_cache_mb: int = Options.kv_cache_mb   # conversation caches kept on disk (MiB); 0: none
 
     def __post_init__(self) -> None:
         # the same rules as the command line's flags (engine/options.py); seed null: a new
         # seed for every reply
         problems = option_problems({"temperature": self.temperature, "top_p": self.top_p,
                                     "top_k": self.top_k, "max_tokens": self.max_tokens,
+                                    "kv_cache_mb": self.kv_cache_mb,
                                     **({"seed": self.seed} if self.seed is not None else {})})
         unknown = [s for s in self.stages if s not in STAGES]
         if unknown:

@@ -91,6 +91,8 @@ RULES: dict[str, Rule] = {
     "n_ctx": Rule("--ctx", f"an integer from 0 to {MAX_CTX} (tokens; 0, the default: the largest "
                            "that fits this machine's memory, up to the model's trained length)",
                   lambda v: _integer(v) and 0 <= v <= MAX_CTX),
+    "kv_cache_mb": Rule("kv_cache_mb", "an integer >= 0 (MiB of conversation caches kept on disk; 0: none)",
+                        lambda v: _integer(v) and v >= 0),
     "n_gpu_layers": Rule("--gpu-layers", "an integer >= -1 (-1: all layers, 0: CPU only)",
                          lambda v: _integer(v) and v >= -1),
     "n_threads": Rule("--threads", f"an integer >= 1 and <= {MAX_THREADS} (the cores this process "
@@ -143,13 +145,15 @@ class Options:
                                        # plain decoding's tokens bit for bit (LlamaModel's exact)
     sampling: SamplingParams = DEFAULT_SAMPLING   # what generate uses unless told otherwise
     max_tokens: int = 256
+    kv_cache_mb: int = 4096            # the chat's conversation caches on disk (engine/snapshots.py); 0: none
 
     def __post_init__(self) -> None:
         s = self.sampling
         check_values({"temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k,
                       "seed": s.seed, "max_tokens": self.max_tokens,
                       "tree_nodes": self.budget.max_nodes, "n_ctx": self.n_ctx,
-                      "n_gpu_layers": self.n_gpu_layers, "n_threads": self.n_threads})
+                      "n_gpu_layers": self.n_gpu_layers, "n_threads": self.n_threads,
+                      "kv_cache_mb": self.kv_cache_mb})
         if self.exact and self.stable_shapes:
             raise LocalspecError("Exact numerics with stable batch shapes",
                                  "exact numerics run unpadded, stable shapes pad every batch",

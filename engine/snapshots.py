@@ -14,8 +14,9 @@ What a snapshot is trusted for, and why:
 - llama.cpp parses the state with few checks and aborts the process on some malformed input, so
   a snapshot is handed over only after its header, sizes and sha256 over tokens and state check
   out; a damaged, truncated or foreign file is skipped with a note and deleted;
-- the folder is bounded (`cap_bytes`, least recently used out first), and a snapshot larger
-  than the whole cap is not written.
+- the folder is bounded (`cap_bytes`: the settings' kv_cache_mb, 4 GiB by default, a few
+  conversations of a 7B model at 16k tokens; least recently used out first), and a snapshot
+  larger than the whole cap is not written (a cap of 0 keeps none).
 Files are written to a temporary name and renamed, so a crash leaves the old snapshot or none.
 """
 from __future__ import annotations
@@ -34,12 +35,12 @@ import numpy as np
 from localspec.models.gguf_file import fingerprint
 
 from .native import library_stamps
+from .options import Options
 
 MAGIC = b"LSKVSNAP"
 FORMAT = 1
 _HEAD = struct.Struct("<8sIQ")     # magic, format, header length
 MAX_HEADER = 1 << 20               # a header is a few hundred bytes of JSON
-DEFAULT_CAP_BYTES = 4 << 30        # a few conversations of a 7B model at 16k tokens
 
 
 def snapshot_key(model) -> str:
@@ -61,7 +62,7 @@ class Snapshots:
     """The snapshots of one model's conversations under `root` (<data dir>/kv-cache), keyed by
     `snapshot_key`; `cap_bytes` bounds the whole folder, every key's together."""
 
-    def __init__(self, root: Path, key: str, cap_bytes: int = DEFAULT_CAP_BYTES,
+    def __init__(self, root: Path, key: str, cap_bytes: int = Options.kv_cache_mb << 20,
                  note: Callable[[str], None] = lambda s: None) -> None:
         self.root, self.key, self.cap_bytes, self.note = Path(root), key, cap_bytes, note
         self.folder = self.root / key

@@ -65,3 +65,13 @@ def test_save_replaces_atomically(tmp_path, monkeypatch):
         save_settings(Settings(temperature=0.9), path)
     assert load_settings(path).temperature == 0.1           # the old file, whole
     assert [p.name for p in tmp_path.iterdir()] == ["s.json"]
+
+
+def test_the_conversation_cache_cap_is_a_setting_checked_like_a_flag():
+    from localspec.app.run_options import settings_options
+    from localspec.engine.options import Options
+
+    assert Settings().kv_cache_mb == Options.kv_cache_mb == 4096
+    assert settings_options(Settings(kv_cache_mb=0), Options("m.gguf")).kv_cache_mb == 0
+    with pytest.raises(ValueError, match="kv_cache_mb -1"):   # load_settings words it for the file
+        Settings(kv_cache_mb=-1)
