@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import select
 import shutil
 import sqlite3
 import subprocess
@@ -49,11 +50,39 @@ def damage(path: Path, table: str) -> None:
             fh.write(bytes([0x5A]) * page)
 
 
-def cli(*args: str, env: dict, prefix: list[str] = ()) -> tuple[subprocess.CompletedProcess, float]:
+def cli(*args: str, env: dict, prefix: list[str] = (), tty: bool = False) -> tuple[subprocess.CompletedProcess, float]:
+    """The command's run and its seconds. tty: on a pseudo-terminal for stdin and stderr, as the
+    chat screen needs one (what it wrote there comes back as stderr)."""
     t0 = time.perf_counter()
-    proc = subprocess.run([*prefix, sys.executable, "-m", "localspec.app.cli", *args], env=env,
-                          capture_output=True, text=True, timeout=BOUND * 6, stdin=subprocess.DEVNULL)
-    return proc, time.perf_counter() - t0
+    cmd = [*prefix, sys.executable, "-m", "localspec.app.cli", *args]
+    if not tty:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=BOUND * 6,
+                              stdin=subprocess.DEVNULL)
+        return proc, time.perf_counter() - t0
+    master, slave = os.openpty()
+    run = subprocess.Popen(cmd, env=env, stdin=slave, stdout=subprocess.DEVNULL, stderr=slave)
+    os.close(slave)
+    out, end = b"", time.monotonic() + BOUND * 6
+    try:
+        while time.monotonic() < end:
+            if select.select([master], [], [], 0.2)[0]:
+                try:
+                    chunk = os.read(master, 65536)
+                except OSError:      # it exited and the terminal closed
+                    break
+                if not chunk:
+                    break
+                out += chunk
+            elif run.poll() is not None:
+                break
+        code = run.wait(timeout=max(1.0, end - time.monotonic()))
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+        os.close(master)
+    text = out.decode(errors="replace").replace("\r\n", "\n")
+    return subprocess.CompletedProcess(cmd, code, "", text), time.perf_counter() - t0
 
 
 def clean_exit_2(proc: subprocess.CompletedProcess, *needles: str) -> None:
@@ -95,7 +124,7 @@ def test_chat_with_a_damaged_history_exits_2(data_env):
     a_history(path)
     damage(path, "messages")
     before = digest(path)
-    proc, seconds = cli("chat", env=data_env)
+    proc, seconds = cli("chat", env=data_env, tty=True)
     clean_exit_2(proc, "Chat history is unusable", "damaged", "aside")
     assert seconds < BOUND and digest(path) == before
 
@@ -140,7 +169,7 @@ def test_a_read_only_data_dir_says_cannot_write_never_delete(data_env, write_ref
     for folder in (data / "ngrams", data):
         folder.chmod(0o500)
     try:
-        proc, seconds = cli("chat", env=data_env, prefix=write_refused)
+        proc, seconds = cli("chat", env=data_env, prefix=write_refused, tty=True)
         clean_exit_2(proc, "Chat history cannot be written", "writable")
         assert "Delete" not in proc.stderr and seconds < BOUND
         proc, seconds = cli("generate", "hi", "--raw", "--model", str(tiny.target_gguf),
