@@ -22,10 +22,9 @@ from pathlib import Path
 from typing import BinaryIO, TextIO
 
 from localspec.engine.errors import LocalspecError
-from localspec.models.own_files import Unreadable, open_regular
+from localspec.models.own_files import Unreadable, open_regular, read_bounded
 
 BYTES_PER_TOKEN = 8     # a text longer than n_ctx * this many bytes cannot fit in n_ctx tokens
-_CHUNK = 1 << 16
 
 
 def decode(data: bytes) -> str:
@@ -47,20 +46,6 @@ UNFITTED_CTX = 131_072
 def prompt_limit(n_ctx: int) -> int:
     """The most bytes of prompt text that could fit in a context of n_ctx tokens (0: fitted)."""
     return max(n_ctx or UNFITTED_CTX, 1) * BYTES_PER_TOKEN
-
-
-def read_bounded(stream: BinaryIO, limit: int) -> bytes | None:
-    """All of `stream` (to its end) if it holds at most `limit` bytes; None as soon as it holds
-    more, without reading further (an endless pipe ends here too)."""
-    parts: list[bytes] = []
-    size = 0
-    while size <= limit:
-        chunk = stream.read(min(_CHUNK, limit + 1 - size))
-        if not chunk:
-            return b"".join(parts)
-        parts.append(chunk)
-        size += len(chunk)
-    return None
 
 
 def read_stdin_text(stdin: BinaryIO, n_ctx: int) -> str:

@@ -75,17 +75,27 @@ def read_bytes(path: Path, cap: int) -> bytes:
         size = os.fstat(fh.fileno()).st_size
         if size > cap:
             raise Unreadable(path, f"is {_size(size)}; a file of this kind is at most {_size(cap)}")
-        parts, got = [], 0
         try:
-            while got <= cap:
-                chunk = fh.read(min(_CHUNK, cap + 1 - got))
-                if not chunk:
-                    return b"".join(parts)
-                parts.append(chunk)
-                got += len(chunk)
+            data = read_bounded(fh, cap)
         except OSError as err:
             raise Unreadable(path, f"cannot be read: {_strerror(err)}") from None
-    raise Unreadable(path, f"grew past {_size(cap)} while being read")
+    if data is None:
+        raise Unreadable(path, f"grew past {_size(cap)} while being read")
+    return data
+
+
+def read_bounded(stream: BinaryIO, limit: int) -> bytes | None:
+    """All of `stream` (to its end) if it holds at most `limit` bytes; None as soon as it holds
+    more, without reading further (an endless pipe ends here too)."""
+    parts: list[bytes] = []
+    size = 0
+    while size <= limit:
+        chunk = stream.read(min(_CHUNK, limit + 1 - size))
+        if not chunk:
+            return b"".join(parts)
+        parts.append(chunk)
+        size += len(chunk)
+    return None
 
 
 def read_json(path: Path, cap: int, max_depth: int = MAX_JSON_DEPTH) -> object:
