@@ -13,38 +13,16 @@ Usage: python3 dev/cuda_width_curves.py TARGET.gguf OUT.json [WIDTHS] (default 1
 from __future__ import annotations
 
 import json
-import os
 import sys
 import tempfile
 import time
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 from localspec.engine import calibrate as cal  # llama.cpp before numpy: see engine/native.py
 from localspec.engine.llama_model import LlamaModel
-from localspec.engine.native import CUDA_MMQ_WIDTHS, CUDA_MULTICOL_WIDTHS, gpu_name
+from localspec.engine.native import CUDA_MMQ_WIDTHS, CUDA_MULTICOL_WIDTHS, gpu_name, switches
 
 REPS = 5
-
-
-@contextmanager
-def dispatch(values: dict[str, str | None]) -> Iterator[None]:
-    """The width switches as `values` says for the block (None: unset), then as they were."""
-    before = {key: os.environ.get(key) for key in values}
-    try:
-        for key, value in values.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-        yield
-    finally:
-        for key, value in before.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 def main(path: str, out: str, widths: str = "1,2,4,8,9,12,16,24,32") -> int:
@@ -61,7 +39,7 @@ def main(path: str, out: str, widths: str = "1,2,4,8,9,12,16,24,32") -> int:
     best = {name: dict.fromkeys(sizes, float("inf")) for name in dispatches}
     for rep in range(REPS):
         for name in dispatches if rep % 2 == 0 else reversed(dispatches):
-            with dispatch(dispatches[name]):
+            with switches(dispatches[name]):
                 got = cal.measure([model], [sizes], reps=1)[0]
             best[name] = {n: min(best[name][n], got[n]) for n in sizes}
     model.close()

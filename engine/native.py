@@ -233,19 +233,23 @@ def gpu_name() -> str | None:
 
 # ---- numerics switches --------------------------------------------------------------------------
 @contextmanager
-def switches(values: Mapping[str, str]) -> Iterator[None]:
-    """Set llama.cpp's environment switches for the block; afterwards each is as it was (unset
-    ones unset). Nested blocks unwind in order."""
+def switches(values: Mapping[str, str | None]) -> Iterator[None]:
+    """Set llama.cpp's environment switches for the block (None: unset, llama.cpp's default);
+    afterwards each is as it was (unset ones unset). Nested blocks unwind in order."""
     before = {key: os.environ.get(key) for key in values}
-    os.environ.update(values)
     try:
+        _set(values)
         yield
     finally:
-        for key, value in before.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        _set(before)
+
+
+def _set(values: Mapping[str, str | None]) -> None:
+    for key, value in values.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
 
 
 T = TypeVar("T")
