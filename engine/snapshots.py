@@ -36,6 +36,7 @@ from localspec.models.gguf_file import fingerprint
 
 from .native import library_stamps
 from .options import Options
+from .prefix import common_prefix
 
 MAGIC = b"LSKVSNAP"
 FORMAT = 1
@@ -105,8 +106,6 @@ class Snapshots:
     def restore(self, conversation: str, target, prompt) -> Restored:
         """Load `conversation`'s snapshot into `target` where it holds more of `prompt`'s start
         than the target's cache does now; the tokens the cache then holds of the prompt."""
-        from .prefix import common_prefix
-
         have = common_prefix(target.tokens, prompt)
         path = self.path(conversation)
         try:
