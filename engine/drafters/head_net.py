@@ -92,6 +92,11 @@ def shape_problem(meta: dict, arrays: dict[str, np.ndarray], n_embd: int, vocab_
             return f"array {name} holds {arrays[name].dtype}, not floats"
         if arrays[name].shape != want:
             return f"array {name} is {arrays[name].shape}, its shape says {want}"
+        # NaN or inf in any weight makes every draft NaN: checked once here, a pass over the
+        # arrays (milliseconds), rather than found as a broken run later
+        if not np.isfinite(arrays[name]).all():
+            return (f"array {name} holds weights that are not finite (NaN or inf): its training "
+                    "diverged or the file was damaged")
     vocab = arrays["vocab"]
     if vocab.ndim != 1 or not vocab.size or vocab.dtype.kind not in "iu":
         return "its draft vocabulary is not a list of token ids"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 import json
 import subprocess
 import sys
@@ -83,6 +84,7 @@ CASES = {
                               "ascending token ids"),
     "vocab-unsorted": (lambda g, o: _rewrite(g, o, vocab=np.array([5, 3, 9], np.int32)), "ascending token ids"),
     "arrays-claim-3-gib": (_huge_claim, "GiB"),
+    "weights-nan": (lambda g, o: _rewrite(g, o, norm=np.full(128, np.nan, np.float16)), "not finite"),
     "another-target": (lambda g, o: _rewrite(g, o, meta={**read_head(g)[0], "target_id": "feedfacefeedface"}),
                        "another target"),
 }
@@ -112,3 +114,29 @@ def test_the_good_head_file_passes_the_same_checks(tiny, tiny_head):
     meta, arrays = read_head(tiny_head)
     assert shape_problem(meta, arrays, 128, tiny.vocab_size) is None
     assert json.loads(json.dumps(meta))["shape"]["d"] == 128
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf])
+def test_an_installed_head_with_weights_not_finite_names_no_head(tiny, tiny_head, tmp_path, value):
+    """A head whose weights hold NaN or inf drafts nothing useful and broke every command for its
+    model: it is refused at load (every array checked once) with a fix naming --no-head, and
+    --no-head runs."""
+    from localspec.models.heads import default_head_path
+
+    data = tmp_path / "data"
+    installed = default_head_path(tiny.target_gguf, data)
+    installed.parent.mkdir(parents=True)
+    _, arrays = read_head(tiny_head)
+    w_up = arrays["w_up"].copy()
+    w_up[3, 5] = value
+    _rewrite(tiny_head, installed, w_up=w_up)
+    env = dict(os.environ, LOCALSPEC_DATA_DIR=str(data))
+    args = [sys.executable, "-m", "localspec.app.cli", "generate", "--model", str(tiny.target_gguf),
+            "--ctx", "256", "--max-tokens", "4", "--raw", "def f():"]
+    run = subprocess.run(args, capture_output=True, text=True, timeout=120, env=env)
+    assert run.returncode == 2, run.stderr
+    assert "Not a usable draft head" in run.stderr and "not finite" in run.stderr, run.stderr
+    assert "--no-head" in run.stderr and "localspec head train" in run.stderr, run.stderr
+    assert "Traceback" not in run.stderr, run.stderr
+    run = subprocess.run([*args, "--no-head"], capture_output=True, text=True, timeout=120, env=env)
+    assert run.returncode == 0, run.stderr
