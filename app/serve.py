@@ -101,7 +101,7 @@ def _need_server_packages() -> None:
         import uvicorn  # noqa: F401
     except ImportError as err:
         raise LocalspecError("The server's packages are not installed", f"cannot import {err.name}",
-                             "Install them: pip install 'localspec[serve]' (make install does)") from None
+                             "Install them: pip install 'localspec[serve]' (make and packaging/install.sh do)") from None
 
 
 class _Terminated(Exception):

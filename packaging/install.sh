@@ -87,13 +87,15 @@ else
   links=$(dirname "$llama")
 fi
 
-# 2. the isolated install, with that llama build
+# 2. the isolated install, with that llama build and the extras a desktop tool runs: `serve`
+# (localspec serve's FastAPI and uvicorn, from the same indexes and --find-links as the rest)
+extras="[serve]"
 if [ "$tool" = pipx ]; then
   pip_args="--find-links $links"
   for l in "${extra_links[@]}"; do pip_args+=" --find-links $l"; done
   if [ "$torch_index" = default ] && [ "$cuda" = 0 ]; then torch_index=https://download.pytorch.org/whl/cpu; fi
   case $torch_index in default|none) ;; *) pip_args+=" --extra-index-url $torch_index" ;; esac
-  run pipx install --force --python "$py" --pip-args "$pip_args" "$wheel"
+  run pipx install --force --python "$py" --pip-args "$pip_args" "$wheel$extras"
   run pipx runpip localspec install --force-reinstall --no-deps "$llama"
   bin_dir=$( [ "$dry" = 1 ] && echo '<pipx bin dir>' || pipx environment --value PIPX_BIN_DIR)
   venv_py=$( [ "$dry" = 1 ] && echo '<pipx venv>/bin/python' || echo "$(pipx environment --value PIPX_LOCAL_VENVS)/localspec/bin/python")
@@ -105,7 +107,7 @@ else
     none) ;;
     *) uv_args+=(--extra-index-url "$torch_index" --index-strategy unsafe-best-match) ;;
   esac
-  run uv tool install --force --python "$py" "${uv_args[@]}" "$wheel"
+  run uv tool install --force --python "$py" "${uv_args[@]}" "$wheel$extras"
   venv_py=$( [ "$dry" = 1 ] && echo '<uv tool dir>/localspec/bin/python' || echo "$(uv tool dir)/localspec/bin/python")
   run uv pip install --python "$venv_py" --reinstall --no-deps "$llama"
   bin_dir=$( [ "$dry" = 1 ] && echo '<uv tool bin dir>' || uv tool dir --bin)

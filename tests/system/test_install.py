@@ -110,6 +110,7 @@ def test_install_script_commands(tmp_path, tool, cuda):
     assert f"LOCALSPEC_CUDA={int(cuda)} " in text and "build-llama-wheel.sh" in text
     install = next(line for line in lines if line.startswith(f"{tool} ") and " install " in line)
     assert "--force" in install and "--find-links" in install and "localspec-" in install
+    assert install.endswith(".whl[serve]")   # localspec serve's packages come with the tool
     if tool == "pipx":   # CPU: torch from PyTorch's CPU index; CUDA: PyPI's (CUDA) build
         assert ("--extra-index-url https://download.pytorch.org/whl/cpu" in install) is (not cuda)
     else:
