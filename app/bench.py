@@ -11,6 +11,7 @@ import platform
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -73,6 +74,31 @@ CONFIGS = {
                                       TreeBudget(max_nodes=DEFAULT_TREE_NODES, adaptive=True),
                                       replace(HEAD_LIMITS, floor=0.0)),
 }
+
+
+def largest_tree(names: Sequence[str]) -> int:
+    """The tree budget the shared target opens with: the largest of the configurations'; plain
+    alone drafts nothing, but the target still opens with a budget of at least one node."""
+    return max([config(n).budget.max_nodes for n in names] + [1])
+
+
+def check_out(out: Path) -> None:
+    """LocalspecError, before a run, where `out` cannot be the folder the results are written to
+    (write_outputs): a run of minutes would lose its results if this were found only at its end.
+    The folder is made now and a file created in it and removed: what the write will do, so that
+    permissions, a read-only file system or a file in the path's way are all found."""
+    fix = "Pass --out a folder you can write in, or a new folder's path under one"
+    if out.exists() and not out.is_dir():
+        raise LocalspecError("Cannot write the results", f"--out '{out}' is a file, not a folder", fix)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as err:
+        raise LocalspecError("Cannot write the results",
+                             f"--out '{out}': {err.strerror or err}"
+                             + (f" ('{err.filename}')" if err.filename and str(err.filename) != str(out) else ""),
+                             fix) from None
 
 
 def config(name: str) -> BenchConfig:
@@ -198,7 +224,7 @@ def run_bench(target: Path, draft: Path | None, prompts: Sequence[Prompt], names
     in those alone: the others run as they would without a head). `exact`: the target in batch-invariant
     numerics (plain too), where greedy configurations must match plain token for token.
     `n_threads`: CPU threads for the models (None: every core this process may use)."""
-    max_nodes = max(config(n).budget.max_nodes for n in names)
+    max_nodes = largest_tree(names)
     uses_head = head is not None and any("head" in config(n).stages for n in names)
     in_torch = draft_runs_in_torch(draft, torch_draft)
     # the shared target, draft and head, loaded by the builder; bench builds each

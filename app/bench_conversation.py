@@ -29,7 +29,7 @@ from localspec.engine.options import Options
 from localspec.engine.session import draft_runs_in_torch
 from localspec.engine.snapshots import Snapshots, snapshot_key
 
-from .bench import _engines, config
+from .bench import _engines, config, largest_tree
 
 RUNS = ("", "+cache", "+restart")   # a configuration's runs: fresh, the cache kept, restarted
 
@@ -110,7 +110,7 @@ def run_conversation_bench(target: Path, draft: Path | None,
                              "Name a configuration alone (all three runs), or with +cache or +restart")
     names = list(asked)
     in_torch = draft_runs_in_torch(draft)
-    max_nodes = max(config(n).budget.max_nodes for n in names)
+    max_nodes = largest_tree(names)
     options = Options(target, draft=draft, torch_draft=in_torch, speculation=True, n_ctx=n_ctx,
                       exact=exact, n_threads=n_threads, n_gpu_layers=0 if exact else -1,
                       budget=TreeBudget(max_nodes=max_nodes))

@@ -234,6 +234,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from .run_options import given, options_from_flags
 
     options = options_from_flags(given(args), Options(args.model))   # plain runs exact too
+    bench.check_out(Path(args.out))
     model = model_path(args.model, "Model")
     draft = model_path(args.draft, "Draft model") if args.draft else None
     draft_runs_in_torch(draft, args.torch_draft)
