@@ -22,6 +22,7 @@ from typing import Sequence
 import llama_cpp as lc
 import numpy as np
 
+from localspec.models.architectures import check_runnable
 from localspec.models.gguf_file import GGUFInfo, read_gguf
 
 from .errors import LocalspecError
@@ -31,6 +32,7 @@ from .options import MAX_CTX
 EXACT_FIX = ("Run exact numerics on the CPU (--gpu-layers 0), or leave out --exact (in the chat: "
              "switch off Exact numerics in the settings)")
 
+KV_TYPES = {"f16": 1, "q8_0": 8}   # ggml_type of the KV cache's cells, by name
 EXACT_MAX_ROWS = 63   # ggml's CPU flash attention sums each row alone below its 64-row tile
 MAX_SEQUENCES = 256   # llama.cpp's LLAMA_MAX_SEQ: more sequence ids and it refuses the context
 
@@ -78,7 +80,7 @@ class LlamaModel(HiddenStates):
     def __init__(self, path: str | Path, *, n_ctx: int = 4096, n_batch: int = 512,
                  n_seq_max: int = 64, n_gpu_layers: int = -1, n_threads: int | None = None,
                  n_pad_seqs: int = 0, hidden: bool = False, exact: bool = False,
-                 taps: Sequence[int] = ()) -> None:
+                 taps: Sequence[int] = (), kv_type: str = "f16") -> None:
         """n_seq_max: sequence ids 0..n_seq_max-1 for the caller; n_pad_seqs more after them are
         reserved for padding (decode's pad_to). hidden: every decode also hands back the final
         hidden state of each row with logits (`hidden_row`), what a draft head drafts from.
@@ -93,10 +95,17 @@ class LlamaModel(HiddenStates):
         kernel differs from the one-row kernel), flash attention on (its per-row loop is the
         same for 1..63 rows), no tiled matmul and no split-KV attention; the multi-column kernels
         from one row up, so every row sums alike at any batch size (native.ExactNumerics, held
-        while open). Checked at load."""
+        while open). Checked at load.
+
+        kv_type: the KV cache's cells, "f16" (llama.cpp's default) or "q8_0" (half the memory;
+        llama.cpp reads a quantized cache only with flash attention, which it then turns on)."""
         self._model = self._ctx = None
+        if kv_type not in KV_TYPES:
+            raise ValueError(f"kv_type {kv_type!r}: one of {', '.join(KV_TYPES)}")
+        self.kv_type = kv_type
         self._exact: ExactNumerics | None = None
         self.info: GGUFInfo = read_gguf(path)
+        check_runnable(self.info)   # llama.cpp loads encoders and recurrent models it then cannot decode with here
         self.path = self.info.path
         self.exact = exact
         gpu_layers = n_gpu_layers if gpu_offload_supported() else 0
@@ -186,8 +195,9 @@ class LlamaModel(HiddenStates):
         cparams.n_seq_max = n_seq_max + n_pad_seqs
         cparams.kv_unified = True
         cparams.no_perf = True
-        if self.exact:
+        if self.exact or self.kv_type != "f16":
             cparams.flash_attn_type = lc.LLAMA_FLASH_ATTN_TYPE_ENABLED
+        cparams.type_k = cparams.type_v = KV_TYPES[self.kv_type]
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
         return cparams

@@ -41,6 +41,7 @@ from typing import Iterator, Sequence
 
 from localspec.models.errors import LocalspecError
 from localspec.models import torch_draft
+from localspec.models.architectures import check_runnable
 from localspec.models.gguf_file import GGUFInfo, Vocabulary, file_vocabulary, read_gguf
 from localspec.models.own_files import MANIFEST_MAX_BYTES, Unreadable, read_json
 from localspec.models.paths import data_dir, resolved
@@ -342,8 +343,11 @@ def _parts_on_disk(first: Path) -> list[Path]:
 
 
 def _read_parts(parts: list[Path]) -> list[GGUFInfo]:
-    """Validate every part of a (possibly split) GGUF; only the first carries the tokenizer."""
-    return [read_gguf(p, require_vocab=(i == 0)) for i, p in enumerate(parts)]
+    """Validate every part of a (possibly split) GGUF; only the first carries the tokenizer and
+    the architecture, which must be one localspec can generate text with."""
+    infos = [read_gguf(p, require_vocab=(i == 0)) for i, p in enumerate(parts)]
+    check_runnable(infos[0])
+    return infos
 
 
 def _gguf_record(at: list[Path], infos: list[GGUFInfo], owned: bool, source: str = "") -> ModelFile:
