@@ -28,6 +28,9 @@ from localspec.engine.options import problems as option_problems
 from localspec.models.own_files import SETTINGS_MAX_BYTES, Unreadable, read_json
 
 FILE_NAME = "settings.json"
+# a system prompt of ~64k tokens, as big as most contexts; saved as JSON with every character
+# escaped (12 bytes for one outside the BMP) it still fits the settings file's cap
+SYSTEM_PROMPT_MAX_CHARS = 256 << 10
 STAGES = ("personal", "draft")   # optional speculation stages (Max-Gram always runs with speculation)
 
 
@@ -66,6 +69,10 @@ class Settings:
                 problems.append(f"{name} {value!r} (want a path or a name)")
         if not isinstance(self.system_prompt, str):
             problems.append("system_prompt (want text)")
+        elif len(self.system_prompt) > SYSTEM_PROMPT_MAX_CHARS:
+            problems.append(f"system_prompt of {len(self.system_prompt):,} characters (want at most "
+                            f"{SYSTEM_PROMPT_MAX_CHARS:,}: a longer one fits no context worth "
+                            "having; attach a long text to a message instead)")
         if problems:
             raise ValueError("; ".join(problems))
 

@@ -31,6 +31,16 @@ RENDER_SECONDS = 2.0     # a real template renders in milliseconds; this is the 
 START_SECONDS = 30.0     # starting the worker (an interpreter and jinja2) on a loaded machine
 POLL_SECONDS = 0.05      # how often a waiting render looks at should_stop
 WORKER = Path(__file__).with_name("template_worker.py")
+# The most characters the messages of one prompt may hold: about a million tokens, more than any
+# context. Longer ones are refused before rendering, as too long, not as the template's failure;
+# the worker stops a render past them and the template's own text (TEMPLATE_CHARS more).
+MAX_PROMPT_CHARS = 4 << 20
+TEMPLATE_CHARS = 1 << 20
+
+
+class PromptTooLong(LocalspecError):
+    """The messages alone hold more than MAX_PROMPT_CHARS: no context can take them (the
+    conversation's fit leaves old messages out until they are fewer)."""
 
 
 def template_fix(model: str) -> str:
@@ -46,13 +56,30 @@ def render_chat(template: str | None, messages: Sequence[dict], *, bos_token: st
     if not template:
         raise LocalspecError(f"{model} has no chat template",
                              "its GGUF metadata lacks tokenizer.chat_template", template_fix(model))
+    check_length(messages)
     request = {"template": template, "messages": list(messages), "bos_token": bos_token,
-               "eos_token": eos_token}
+               "eos_token": eos_token, "max_output": MAX_PROMPT_CHARS + TEMPLATE_CHARS}
     answer = _RENDERER.render(json.dumps(request, ensure_ascii=False), model, should_stop)
     if "text" in answer:
         return answer["text"]
     raise LocalspecError(f"The chat template of {model} failed", str(answer["error"]),
                          template_fix(model))
+
+
+def check_length(messages: Sequence[dict]) -> None:
+    """PromptTooLong, naming the system prompt's share, where the messages' text alone is longer
+    than any prompt may be."""
+    sizes = [len(m["content"]) if isinstance(m.get("content"), str) else 0 for m in messages]
+    total = sum(sizes)
+    if total <= MAX_PROMPT_CHARS:
+        return
+    system = sum(n for m, n in zip(messages, sizes) if m.get("role") == "system")
+    raise PromptTooLong("Prompt too long",
+                        f"the messages hold {total:,} characters" + (f", the system prompt {system:,} of them"
+                                                                     if system else "")
+                        + f"; a prompt holds at most {MAX_PROMPT_CHARS:,}, more than any context",
+                        "Shorten the system prompt (the chat's settings, Ctrl+O, or ask --system)"
+                        if system > MAX_PROMPT_CHARS // 2 else "Send a shorter message (an excerpt)")
 
 
 def chat_tokens(model, messages: Sequence[dict],

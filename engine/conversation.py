@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from .chat import PromptTooLong
 from .errors import LocalspecError
 
 SHRINK_TO = 0.5   # of the prompt's room, what a conversation is cut to when it outgrows it
@@ -48,32 +49,45 @@ def fit(messages: Sequence[dict], render: Callable[[list[dict]], list[int]], roo
     def prompt(k: int) -> list[int]:
         return render(system + rest[k:])
 
+    def fits(k: int, limit: int) -> bool:
+        try:                         # messages too long to render (chat.PromptTooLong) fit no context
+            return len(prompt(k)) <= limit
+        except PromptTooLong:
+            return False
+
     start = len(after) if list(after) == rest[:len(after)] and len(after) < len(rest) else 0
-    tokens = prompt(start)
-    if len(tokens) <= room:
-        return Fitted(tokens, start, tuple(rest[:start]))
+    try:
+        tokens = prompt(start)
+        if len(tokens) <= room:
+            return Fitted(tokens, start, tuple(rest[:start]))
+    except PromptTooLong:
+        if not rest:
+            raise
     if not rest:
-        raise _too_long(len(tokens), room)
+        raise _too_long(len(tokens), room, system)
     target = int(room * SHRINK_TO)
     cuts = [k for k in range(start + 1, len(rest)) if rest[k].get("role") != "assistant"]
     cuts.append(len(rest) - 1)       # the last message alone, whoever wrote it
     lo, hi = 0, len(cuts) - 1        # the first cut whose prompt fits the target: lengths fall as k grows
     while lo < hi:
         mid = (lo + hi) // 2
-        if len(prompt(cuts[mid])) <= target:
+        if fits(cuts[mid], target):
             hi = mid
         else:
             lo = mid + 1
     k = cuts[lo]
-    tokens = prompt(k)
+    tokens = prompt(k)               # PromptTooLong here: the last message alone is too long
     if len(tokens) > room:
-        raise _too_long(len(tokens), room)
+        raise _too_long(len(tokens), room, system)
     return Fitted(tokens, k, tuple(rest[:k]))
 
 
-def _too_long(need: int, room: int) -> LocalspecError:
+def _too_long(need: int, room: int, system: Sequence[dict]) -> LocalspecError:
+    chars = sum(len(m.get("content") or "") for m in system)
     return LocalspecError("Message longer than the context",
-                          f"the last message needs {need} tokens with the system prompt; the "
+                          f"the last message needs {need} tokens with the system prompt"
+                          + (f" ({chars:,} characters)" if chars else "") + f"; the "
                           f"context leaves {room} for it (the rest is the reply's room)",
-                          "Send a shorter message (an excerpt of the file), or raise the context "
+                          "Send a shorter message (an excerpt of the file)"
+                          + (", shorten the system prompt" if chars else "") + ", or raise the context "
                           "with --ctx")

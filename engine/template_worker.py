@@ -16,7 +16,7 @@ from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 MEMORY_HEADROOM = 256 << 20     # bytes of address space above what the worker uses when ready
-MAX_OUTPUT = 4 << 20            # characters: far above any context window's worth of text
+MAX_OUTPUT = 4 << 20            # characters, unless the request says (chat.MAX_PROMPT_CHARS)
 
 
 def _raise_exception(message: str) -> None:
@@ -39,7 +39,7 @@ _COMPILED: dict = {}       # template source -> compiled template: a model's one
 
 def render(request: dict) -> dict:
     try:
-        pieces, size = [], 0
+        pieces, size, limit = [], 0, request.get("max_output", MAX_OUTPUT)
         template = _COMPILED.get(request["template"])
         if template is None:
             _COMPILED.clear()
@@ -49,8 +49,8 @@ def render(request: dict) -> dict:
             bos_token=request["bos_token"], eos_token=request["eos_token"])
         for piece in stream:
             size += len(piece)
-            if size > MAX_OUTPUT:
-                return {"kind": "output", "error": f"it renders more than {MAX_OUTPUT:,} characters"}
+            if size > limit:
+                return {"kind": "output", "error": f"it renders more than {limit:,} characters"}
             pieces.append(piece)
         return {"text": "".join(pieces)}
     except TemplateError as err:
