@@ -378,6 +378,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(argv: list[str]) -> int:
+    from .bus_error import explain_bus_errors
+
+    explain_bus_errors()      # a model file truncated under a running model: said, not "Bus error"
     args = build_parser().parse_args(argv)
     set_network_mode(args.command)
     return args.run(args)

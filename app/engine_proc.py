@@ -115,7 +115,15 @@ class Crashed:
             how = f"the engine process was killed by {name}"
         else:
             how = f"the engine process exited with status {self.exitcode}"
-        return f"{how} ({self.cause})" if self.cause else how
+        cause = self.cause or (BUS_ERROR_CAUSE if self.exitcode == -signal.SIGBUS else "")
+        return f"{how} ({cause})" if cause else how
+
+
+# SIGBUS: a page of a mapped file is gone, and the engine maps its model's weights
+# (engine/model_files.py)
+BUS_ERROR_CAUSE = ("a model file it runs was truncated or overwritten while in use: do not overwrite "
+                   "a model file while localspec runs it; quit first, or write the new file beside it "
+                   "and rename it over")
 
 
 Event = Union[Calibrating, Ready, Token, Done, Error, Crashed]

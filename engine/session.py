@@ -23,6 +23,7 @@ from .conversation import Fitted, fit, reply_room
 from .drafters import registry
 from .drafters.head_stage import with_head
 from .generation import Event, Generation, finish
+from .model_files import ModelFiles
 from .native import switched
 from .options import Options
 
@@ -51,6 +52,9 @@ class Session:
         self.model, self.stages, self.costs = built.model, built.stages, built.costs
         self.engine, self.store, self.head = built.engine, built.loaded.parts.store, built.loaded.parts.head
         self._learnt_path = built.learnt_path
+        # the GGUF files llama.cpp maps (a draft folder is read into memory by torch)
+        draft = Path(cfg.draft).expanduser() if cfg.draft is not None and "draft" in cfg.stages else None
+        self.files = ModelFiles([self.model.path] + ([draft] if draft is not None else []))
         # why the head installed for the target sits out on this machine (build.load), or None
         self.head_left_out = built.loaded.sat_out.get("head")
 
@@ -82,6 +86,7 @@ class Session:
                                     self.cfg.max_tokens if max_tokens is None else max_tokens,
                                     self.cfg.sampling if sampling is None else sampling, tuple(stop),
                                     reuse)
+        self.files.check()    # a model file changed in place since the load: ends here, explained
         return switched(self._built.loaded.numerics, self.engine.generate(request, should_stop))
 
     def run(self, tokens: Sequence[int], *, max_tokens: int | None = None,
