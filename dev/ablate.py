@@ -117,31 +117,30 @@ def _unpruned_arms(self: TreeBudget, with_models: bool = True, pruned: bool = Fa
 
 def variants() -> tuple[Variant, ...]:
     """One variant per tuned constant or mechanism."""
-    budget = "localspec.engine.budget:AdaptiveBudget"
-    prune = "localspec.engine.prune:AcceptanceModel"
+    tuning = "localspec.engine.tuning"
     return (
         Variant("repeat", "none: the baseline built a second time", "-", "the baseline"),
         Variant("tree-16", "DEFAULT_TREE_NODES = 32", "engine/config.py", "16", "0018",
                 budget=(("max_nodes", 16),)),
-        Variant("probe-1", "AdaptiveBudget.PROBE_ROUNDS = 4", "engine/budget.py",
-                "1 (single probe rounds)", "0009", (Patch(f"{budget}.PROBE_ROUNDS", 1),),
+        Variant("probe-1", "PROBE_ROUNDS = 4", "engine/tuning.py",
+                "1 (single probe rounds)", "0009", (Patch(f"{tuning}:PROBE_ROUNDS", 1),),
                 needs=Need.SEVERAL_ARMS),
-        Variant("cheap-every-64", "AdaptiveBudget.CHEAP_EVERY = 8", "engine/budget.py",
-                "64 (= explore_every: free arms probed like any other)", "0009",
-                (Patch(f"{budget}.CHEAP_EVERY", 64),), needs=Need.MODEL_STAGE),
-        Variant("optimistic-0.999", "OPTIMISTIC = 0.9", "engine/costs.py",
+        Variant("cheap-every-64", "CHEAP_EVERY = 8", "engine/tuning.py",
+                "64 (= EXPLORE_EVERY: free arms probed like any other)", "0009",
+                (Patch(f"{tuning}:CHEAP_EVERY", 64),), needs=Need.MODEL_STAGE),
+        Variant("optimistic-0.999", "OPTIMISTIC = 0.9", "engine/tuning.py",
                 "0.999 (drop only arms that cannot win at all)", "0001",
-                (Patch("localspec.engine.costs:OPTIMISTIC", 0.999),), needs=Need.MODEL_STAGE),
-        Variant("backoff-2", "AcceptanceModel.BACKOFF = 8.0", "engine/prune.py", "2.0 (before 0020)",
-                "0020", (Patch(f"{prune}.BACKOFF", 2.0),)),
-        Variant("pool-backoff-1", "AcceptanceModel.POOL_BACKOFF = 4.0", "engine/prune.py",
-                "1.0 (before 0020)", "0020", (Patch(f"{prune}.POOL_BACKOFF", 1.0),)),
+                (Patch(f"{tuning}:OPTIMISTIC", 0.999),), needs=Need.MODEL_STAGE),
+        Variant("backoff-2", "BACKOFF = 8.0", "engine/tuning.py", "2.0 (before 0020)",
+                "0020", (Patch(f"{tuning}:BACKOFF", 2.0),)),
+        Variant("pool-backoff-1", "POOL_BACKOFF = 4.0", "engine/tuning.py",
+                "1.0 (before 0020)", "0020", (Patch(f"{tuning}:POOL_BACKOFF", 1.0),)),
         Variant("no-pruning", "per-round pruning", "engine/policy.py, engine/prune.py",
                 "every drafted node verified; free arms of 4, 8, 16, 32 nodes (the arms before 0020)",
                 "0020", (Patch("localspec.engine.prune:choose", keep_every_node),
                          Patch("localspec.engine.config:TreeBudget.arms", _unpruned_arms))),
-        Variant("hold-1", "HOLD = 16", "engine/policy.py", "1 (a choice every round)", "0008",
-                (Patch("localspec.engine.policy:HOLD", 1),), needs=Need.STABLE_SHAPES),
+        Variant("hold-1", "HOLD = 16", "engine/tuning.py", "1 (a choice every round)", "0008",
+                (Patch(f"{tuning}:HOLD", 1),), needs=Need.STABLE_SHAPES),
     )
 
 

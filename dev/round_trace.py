@@ -32,7 +32,7 @@ CPU = {1: 1e-3, 2: 1.4e-3, 4: 2.2e-3, 8: 3.8e-3, 16: 7e-3, 32: 13e-3}     # a ro
 GPU = {1: 1e-3, 2: 1.02e-3, 4: 1.05e-3, 8: 1.1e-3, 16: 1.3e-3, 32: 1.6e-3}  # rows nearly free
 DRAFT = {1: 3e-4, 2: 3.1e-4, 4: 3.2e-4, 8: 3.3e-4}    # a draft model: in arms (policy.free_stages)
 CHEAP = {1: 5e-5, 2: 5.2e-5, 4: 5.5e-5, 8: 6e-5}      # a head on a CPU: a free stage
-NODE = {"maxgram": 2e-5, "personal": 1.5e-4}          # a free stage's seconds per node it adds
+NODE = {"maxgram": 2e-5, "personal-ngram": 1.5e-4}          # a free stage's seconds per node it adds
 PROMPTS = ["def add(a, b):\n",
            "class Person:\n    def __init__(self, name, age):\n        self.name = name\n"
            "        self.age = age\n\n\nclass Person:\n    def __init__(self, name, age):\n",
@@ -68,6 +68,9 @@ CONFIGS = {
     "torch": Config(neural="torch"),
     "head-free": Config(neural="head", draft="cheap"),
     "head-arms": Config(neural="head", curve="gpu", offloaded=True, switch=4e-4),
+    # n-gram nodes dearer than their guesses return: its gate closes and opens again
+    "gpu-free-dear-ngram": Config(neural=None, nodes=32, curve="gpu", offloaded=True, switch=4e-4,
+                                  extra={"personal-ngram": 2e-3}),
 }
 
 
@@ -125,8 +128,9 @@ def trace(name: str, cfg: Config, tiny, clock: Clock, cache: Path) -> list:
                 before = tree.n
                 inner(tree, index, budget, sampling, rng)
                 rounds[-1]["proposed"].append([index, budget, tree.n - before])
+                node = cfg.extra.get(d.name, NODE.get(d.name, 1e-5))
                 clock.now += (scripted.draft_cost(max(1, tree.n - before)) if d.uses_model
-                              else NODE.get(d.name, 1e-5) * (1 + tree.n - before))
+                              else node * (1 + tree.n - before))
             d.propose = propose
         plan = policy.plan
 

@@ -6,14 +6,13 @@ exponentially decayed sums of tokens emitted and wall seconds spent (drafting + 
 bookkeeping), so its estimate is measured throughput, not a model of it. It plays the arm with the
 best estimate and probes the others now and then so estimates follow the text as it changes
 character (prose vs. a repeated code block): an arm close to the best is probed every
-`explore_every` rounds, one far below it rarely (the interval grows with the square of how far),
-because on a slow CPU a single probe of a big tree costs many plain rounds. A probe of an arm
-without models plays it `PROBE_ROUNDS` rounds in a row and estimates decay slowly (2% a play):
-one free round yields either 1 token or several, so single probe rounds with a fast decay left
-the free arm's estimate at the mercy of one unlucky round, and the bandit kept to plain where the
-free arm was faster. When speculation loses to plain decoding on this machine, the plain arm (with
-a calibration: the free arm, its rounds pruned to their root) wins and speculation stays off but
-for the probes.
+`EXPLORE_EVERY` rounds, one far below it rarely (`probe_gap`: the interval grows with the square
+of how far), because on a slow CPU a single probe of a big tree costs many plain rounds. A probe
+of an arm without models plays it `PROBE_ROUNDS` rounds in a row and estimates age slowly with
+their arm's own plays (`ARM_DECAY`): one free round yields either 1 token or several, so one
+unlucky round must not decide. When speculation loses to plain decoding on this machine, the
+plain arm (with a calibration: the free arm, its rounds pruned to their root) wins and
+speculation stays off but for the probes. The constants are engine/tuning.py's.
 
 Greedy output does not depend on the arm. Sampled output stays exactly distributed, but which
 random draws happen depends on tree shapes, so a seed reproduces output only with a fixed budget.
@@ -21,6 +20,8 @@ random draws happen depends on tree shapes, so a seed reproduces output only wit
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from . import tuning
 
 
 @dataclass(frozen=True)
@@ -36,28 +37,21 @@ class Arm:
         return f"{self.nodes}" + ("" if self.models or self.nodes == 0 else " free")
 
 
-class AdaptiveBudget:
-    # While a model arm leads, the arms without models are probed this often (times the square of
-    # how far they trail): probing them costs no draft catch-up, and a stale estimate of the free
-    # arm kept a GPU on a draft arm for long stretches where Max-Gram alone was faster (easy
-    # stretches lift whichever arm is being played). Estimates age only with their arm's own
-    # plays: aged with the rounds gone by as well, one probe round after a long plain stretch set
-    # the free arm's estimate alone, and the free arm was played far less than it paid.
-    CHEAP_EVERY = 8
-    # A probe of an arm without models plays it this many rounds in a row: one round says little
-    # (a free round that verified a guess yields 1 token or several). A draft arm's probe stays
-    # one round: its rounds cost several plain steps each, so bursts of them cost more than they
-    # told.
-    PROBE_ROUNDS = 4
+def probe_gap(every: int, behind: float, most: int) -> int:
+    """Rounds until the next try of a choice that trails (an arm, a free stage that does not pay):
+    `every` times the square of how far behind it is (`behind` >= 1: the best's rate over its
+    own), at most `most`. The one probe schedule of the bandit and the stages' worth: rarely where
+    a try costs many plain rounds, often where it nearly pays."""
+    return min(most, int(every * behind * behind))
 
-    def __init__(self, arms: tuple[Arm, ...], explore_every: int = 64, decay: float = 0.98,
-                 max_interval: int = 2048) -> None:
+
+class AdaptiveBudget:
+    def __init__(self, arms: tuple[Arm, ...], explore_every: int | None = None) -> None:
+        """explore_every: tuning.EXPLORE_EVERY unless given (a test that wants probes often)."""
         if not arms:
             raise ValueError("at least one arm")
         self.arms = arms
-        self.explore_every = explore_every
-        self.decay = decay
-        self.max_interval = max_interval
+        self.explore_every = tuning.EXPLORE_EVERY if explore_every is None else explore_every
         self._tokens = [0.0] * len(arms)
         self._seconds = [0.0] * len(arms)
         self._plays = [0] * len(arms)
@@ -89,11 +83,11 @@ class AdaptiveBudget:
         if due:
             arm = min(due, key=lambda a: self._next_probe[a])
             ratio = self.rate(best) / max(self.rate(arm), 1e-9)
-            every = (self.CHEAP_EVERY if self.arms[best].drafts_with_models
+            every = (tuning.CHEAP_EVERY if self.arms[best].drafts_with_models
                      and not self.arms[arm].drafts_with_models else self.explore_every)
-            self._next_probe[arm] = self._round + min(self.max_interval, int(every * ratio * ratio))
+            self._next_probe[arm] = self._round + probe_gap(every, ratio, tuning.MAX_PROBE_GAP)
             if not self.arms[arm].drafts_with_models:   # a model arm's probe: one round only
-                self._burst = (arm, self.PROBE_ROUNDS - 1)
+                self._burst = (arm, tuning.PROBE_ROUNDS - 1)
             return arm
         return best
 
@@ -105,8 +99,9 @@ class AdaptiveBudget:
             else:
                 self.trace.append([arm, 1, tokens, seconds,
                                    [round(self.rate(a), 1) for a in range(len(self.arms))]])
-        self._tokens[arm] = self._tokens[arm] * self.decay + tokens
-        self._seconds[arm] = self._seconds[arm] * self.decay + seconds
+        decay = tuning.ARM_DECAY
+        self._tokens[arm] = self._tokens[arm] * decay + tokens
+        self._seconds[arm] = self._seconds[arm] * decay + seconds
         self._plays[arm] += 1
 
     def state(self) -> dict:
@@ -125,7 +120,7 @@ class AdaptiveBudget:
         for i in range(len(self.arms)):   # probes resume on the schedule their gap earns
             if i != best and self._plays[i]:
                 ratio = self.rate(best) / max(self.rate(i), 1e-9)
-                self._next_probe[i] = min(self.max_interval, int(self.explore_every * ratio * ratio))
+                self._next_probe[i] = probe_gap(self.explore_every, ratio, tuning.MAX_PROBE_GAP)
 
     def summary(self) -> dict:
         return {str(a): {"tok_s": round(self.rate(i), 2), "rounds": self._plays[i]}

@@ -30,7 +30,7 @@ class SamplingParams:
             raise ValueError("top_k must be >= 0")
 
 
-DEFAULT_TREE_NODES = 32   # largest adaptive tree: a long Max-Gram copy, pruned to what pays
+DEFAULT_TREE_NODES = 32   # largest adaptive tree: a long Max-Gram copy, pruned to what pays (0018)
 
 
 @dataclass(frozen=True)
@@ -88,21 +88,10 @@ class DraftLimits:
 
 
 # A draft head (drafters/head.py) steps in a fraction of a target call: deep trees, best-first, one
-# step a layer. (More children a node and more nodes a step grew trees no deeper, only wider.)
+# step a layer; more children a node and more nodes a step grew trees no deeper, only wider (0011).
 HEAD_LIMITS = DraftLimits(max_depth=8, branching=2, width=4, chain=0)
-# A model drafter whose one-row step costs at most this share of the target's runs with the free
-# drafters (policy.free_stages): every round, its worth and growth weighed as theirs are, instead
-# of in arms the bandit weighs against theirs, whose rare single-round probes starved a head on a
-# CPU (docs/decisions/0041).
-FREE_STEP_SHARE = 0.1
-# A head found installed for the target (not named with --head) drafts only where its one-row step
-# costs at most this share of the target's: where it would run as a free stage. A head round runs
-# a step per tree level before the verify, and the target pays for handing back its hidden states
-# every call: on CPUs (shares 0.06-0.07) the head paid, on an H200 (0.12-0.27, its step compiled
-# or not) it did not, drafting in arms or as a free stage (docs/decisions/0031, 0042).
-HEAD_MAX_STEP_SHARE = FREE_STEP_SHARE
 # A prompt's last tokens whose target states the head reads (its context when a generation
-# starts; later the generated text's): each is an output row of logits in the prefill.
+# starts; later the generated text's): each is an output row of logits in the prefill (0024).
 HEAD_CONTEXT = 128
 
 

@@ -3,7 +3,7 @@ and a model draft, read as rising curves, and what they rule out before a round 
 
 The curve decides which tree budgets the adaptive policy may try at all. A budget whose best
 case loses to plain decoding is dropped: best case means every drafted token accepted along a
-chain as deep as the budget allows, with acceptance `OPTIMISTIC` per depth, against a verify cost
+chain as deep as the budget allows, with acceptance `tuning.OPTIMISTIC` per depth, against a verify cost
 of n + 1 tokens plus the draft's forwards. On a slow CPU, where each extra row costs a good part
 of a plain step, only small trees survive; on a GPU, where rows are nearly free, all of them do.
 What survives is then chosen online by measured throughput (the bandit, `budget.py`). Why:
@@ -17,10 +17,9 @@ from functools import cached_property
 from pathlib import Path
 from typing import Sequence
 
+from . import tuning
 from .budget import Arm
 from .native import CUDA_MMQ_WIDTHS, CUDA_MULTICOL_WIDTHS, MULTICOL_MAX, MULTICOL_MIN, TILED_MIN
-
-OPTIMISTIC = 0.9      # per-token acceptance assumed when asking "could this budget ever win?"
 
 
 @dataclass(frozen=True)
@@ -101,11 +100,12 @@ class Costs:
         return min(1.0, (row + self.draft_cost(1)) / self.target_cost(1))
 
     def best_case_rate(self, arm: Arm, width: int, max_depth: int) -> float:
-        """Tokens per second of `arm` if drafts were accepted at OPTIMISTIC along a chain."""
+        """Tokens per second of `arm` if drafts were accepted at tuning.OPTIMISTIC along a chain."""
         if arm.nodes == 0:
             return 1.0 / self.target_cost(1)
         depth = min(arm.nodes, max_depth) if arm.models else arm.nodes
-        tokens = (1 - OPTIMISTIC ** (depth + 1)) / (1 - OPTIMISTIC)
+        p = tuning.OPTIMISTIC
+        tokens = (1 - p ** (depth + 1)) / (1 - p)
         seconds = self.target_cost(arm.nodes + 1)
         if arm.models and self.draft:
             forwards = 1 + math.ceil(arm.nodes / max(1, width))

@@ -2,10 +2,10 @@
 
 plan -> propose -> select -> verify -> walk -> commit -> emit -> observe. The policy (policy.py)
 plans the round's tree; the stages grow it in the plan's order (policy.draft_order); the policy
-selects the part worth verifying on this machine (prune.py); the target verifies it in a single
-decode, padded as the batch-shape mode wants (shapes.py); the accepted path is walked (greedy or
+selects the batch: the part worth verifying on this machine (prune.py), in its order and padding
+(shapes.py); the target verifies it in a single decode; the accepted path is walked (greedy or
 rejection sampling, verify.py), committed in the target's cache and emitted; every drafter is
-told what was committed and the policy what the round accepted and cost. Plain decoding is the
+told what was committed and the policy what the batch accepted and the round cost. Plain decoding is the
 same loop with no stages: a tree of just the root, one token per call, so both modes share every
 line of the exact path.
 """
@@ -45,9 +45,8 @@ class Engine:
         self.target = target
         self.stages = list(stages)
         self.policy = policy
-        capacity = max(2, max(a.nodes for a in policy.arms) + 1)
-        self._tree = DraftTree(capacity)
-        self._ordered = DraftTree(capacity) if target.exact and likeliest_first else None
+        self._tree = DraftTree(policy.capacity)
+        self._ordered = DraftTree(policy.capacity) if target.exact and likeliest_first else None
 
     def generate(self, request: GenerationRequest,
                  should_stop: Callable[[], bool] | None = None) -> Iterator[Event]:
@@ -91,13 +90,13 @@ class Engine:
                     yield Round(tail, (), ())
                 break
             watch.start()
-            plan = self.policy.plan(min(self.target.room, self._tree.capacity) - 1)
+            plan = self.policy.plan(min(self.target.room, self.policy.capacity) - 1)
             drafted, owed = self._propose(root, plan, sampling, rng, stats.stages)
-            tree = self._select(drafted)
+            batch = self.policy.select(drafted, self.target.room, self._ordered)
+            tree = batch.tree
             stats.pruned += drafted.n - tree.n
             watch.lap("propose")
-            pad_to, top_up = self.policy.shapes.padding(tree.n, plan.arm.nodes, self.target.room)
-            rows = self.target.verify(tree, pad_to, top_up)           # [tree.n, vocab] logits
+            rows = self.target.verify(tree, batch.pad_to, batch.top_up)   # [tree.n, vocab] logits
             watch.lap("verify")
             walk = greedy_walk(tree, rows) if sampling.greedy else sample_walk(tree, rows, sampling, rng)
             watch.lap("accept")
@@ -114,7 +113,7 @@ class Engine:
             stats.drafted_tokens += min(len(walk.path), emitted)
             for d in self.stages:
                 d.accept(new)
-            self.policy.observe(tree, walk.path, new, sampling.greedy, watch.started + owed)
+            self.policy.observe(batch, walk.path, new, sampling.greedy, watch.started + owed)
             watch.lap("observe")
             if reason:
                 text += stream.flush()
@@ -131,12 +130,13 @@ class Engine:
     def _propose(self, root: int, plan: Plan, sampling: SamplingParams, rng: np.random.Generator,
                  counted: Sequence[StageStats]) -> tuple[DraftTree, float]:
         """This round's tree from `root`, grown by the plan's stages in order, and the seconds
-        its stages spent catching up on rounds they sat out. Every planned stage with room left
-        proposes, its time counted in `counted` [stage] and, for a free stage, told to the policy
-        (its worth); a model stage with no room left ends the round's drafting. The round's arm
+        its stages spent catching up on rounds they sat out. Every planned stage its budget lets
+        add a node proposes (Plan.budget: the room left, and a free stage's gate), its time
+        counted in `counted` [stage] and, for a free stage, told to the policy (its worth); a
+        model stage with no room left ends the round's drafting. The round's arm
         is charged without the catching up: a stage owes it for the tokens, whichever arm runs it
         next, and a stage played every round owes nothing, so an arm probed rarely would otherwise
-        be charged for its absence (a draft head's arms were priced at twice their work, 0024)."""
+        be charged for its absence (0024)."""
         tree = self._tree
         tree.reset(root)
         owed = 0.0
@@ -159,14 +159,6 @@ class Engine:
             if free:
                 self.policy.ran(stage, spent)
         return tree, owed
-
-    def _select(self, drafted: DraftTree) -> DraftTree:
-        """The tree to verify: the policy's selection, with exact numerics in likeliest-path-first
-        order (a copy: drafters keep their own numbering of `drafted`)."""
-        tree = self.policy.select(drafted)
-        if self._ordered is not None and tree.n > 2:
-            tree = tree.copy_depth_first(self._ordered, self.policy.likelihood(tree))
-        return tree
 
     def learnt(self) -> dict:
         """What this engine measured about its drafters on this machine, to start the next run

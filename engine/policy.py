@@ -1,16 +1,18 @@
 """Everything that adapts, behind one object the decode loop asks three things a round.
 
-`plan`: which tree to grow (the arm: how many nodes, which stages, how much room). `select`: the
-part of the drafted tree worth verifying on this machine. `observe`: what the round accepted and
-what it cost. The loop itself stays the same for every policy; the choices live here.
+`plan`: which tree to grow (the arm: how many nodes, which stages, how many nodes each may add).
+`select`: the batch to verify: the part of the drafted tree worth verifying on this machine, in
+the order and padding it goes to the target. `observe`: what that batch accepted and what the
+round cost; `select` changes nothing, so everything `observe` learns from is in the `Batch` it is
+handed. The loop itself stays the same for every policy; the choices live here.
 
 FixedPolicy grows one tree size and verifies every drafted node: nothing is measured, so there is
 nothing to weigh. Plain decoding is a FixedPolicy with no stages. AdaptivePolicy owns the measured
 parts: the bandit over arms (budget.py), the acceptance model that prices each node and prunes what
-does not pay (prune.py), each free stage's growth bounded by what pruning kept of it and its
-running by its worth against its Python time (worth.py), the price of a verify as the batch-shape
-mode makes it (shapes.py), and the state carried to the next run.
-`make_policy` chooses between them and builds the arms, once.
+does not pay (prune.py), each free stage's one gate, its worth against its Python time and its
+growth by what pruning kept of it (worth.py), the price and padding of a verify in the batch-shape
+mode (shapes.py), and the state carried to the next run. `make_policy` chooses between them and
+builds the arms, once. Tuned constants: engine/tuning.py.
 """
 from __future__ import annotations
 
@@ -20,28 +22,14 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
-from . import prune
+from . import prune, tuning
 from .budget import AdaptiveBudget, Arm
 from .costs import Costs
-from .config import FREE_STEP_SHARE, TreeBudget
+from .config import TreeBudget
 from .drafters.base import Drafter
 from .shapes import Shapes
 from .tree import DraftTree
 from .worth import StageWorth
-
-# Rounds an adaptive choice is kept with stable shapes: llama.cpp replays a CUDA graph only from
-# the third call of one batch shape, so a choice changed every round would keep rebuilding it.
-HOLD = 16
-
-# A free stage grows at most GROW_FACTOR times the nodes pruning kept of it lately (the larger of
-# the last round's count and a decayed mean, KEPT_DECAY a round), plus GROW_MARGIN. Growing is
-# Python time every round, and nodes grown only to be pruned are paid for and return nothing: on a
-# GPU step a personal n-gram store's nodes cost more than their guesses returned (0028). The
-# factor lets a stage whose nodes are all kept double its growth a round; the margin keeps one
-# whose nodes are all pruned guessing.
-GROW_FACTOR = 2
-GROW_MARGIN = 4
-KEPT_DECAY = 0.9
 
 
 @dataclass(frozen=True)
@@ -52,13 +40,26 @@ class Plan:
     stages: tuple[int, ...]   # stage indices, cheapest first
     room: int                 # nodes the stages may add below the root
     free_room: int            # of which the free stages may fill
-    grow: tuple[int, ...] = ()   # per stage index, the most nodes it may add (): no bound
-    free: tuple[int, ...] = ()   # which of `stages` are free (`free_stages`)
+    free: tuple[int, ...] = ()    # which of `stages` are free (`free_stages`)
+    allowed: tuple[int, ...] = ()  # per stage index, the most nodes its gate lets it add (): no gate
 
     def budget(self, stage: int, grown: int) -> int:
-        """Nodes `stage` may add to a tree that has `grown` below its root."""
+        """Nodes `stage` may add to a tree that has `grown` below its root (0 or less: none)."""
         room = (self.free_room if stage in self.free else self.room) - grown
-        return min(room, self.grow[stage]) if self.grow else room
+        return min(room, self.allowed[stage]) if self.allowed else room
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """What a round verifies (`Policy.select`): `tree`, the drafted tree or a copy of the nodes
+    worth verifying, in batch order; `pad_to` rows (0: unpadded) and `top_up` for
+    `Target.verify`; where nodes were pruned, the drafted tree and its keep mask, whose pruned
+    nodes' fates `observe` counts."""
+
+    tree: DraftTree
+    pad_to: int = 0
+    top_up: bool = True
+    pruned: tuple[DraftTree, np.ndarray] | None = None
 
 
 class Policy(Protocol):
@@ -67,7 +68,7 @@ class Policy(Protocol):
     arms: tuple[Arm, ...]
     dropped: tuple[Arm, ...]       # arms ruled out by the calibration before any round
     bandit: AdaptiveBudget | None  # the choice among several arms (bench records its trace)
-    shapes: Shapes                 # how the target's batches are padded (Shapes.padding)
+    capacity: int                  # the most nodes a plan's tree holds, the root included
 
     def begin(self) -> None:
         """A generation starts."""
@@ -78,15 +79,14 @@ class Policy(Protocol):
     def ran(self, stage: int, seconds: float) -> None:
         """Free stage `stage` of this round's plan proposed, in `seconds` (Plan.free)."""
 
-    def select(self, tree: DraftTree) -> DraftTree:
-        """The part of the drafted tree to verify: `tree` itself or a copy."""
+    def select(self, tree: DraftTree, room: int, ordered: DraftTree | None) -> Batch:
+        """The batch to verify of the drafted `tree`, with `room` tokens left in the target's
+        context. ordered: a tree to copy the batch into likeliest path first (exact numerics'
+        order, docs/exact-numerics.md), or None to keep the drafted order. Changes nothing."""
 
-    def likelihood(self, tree: DraftTree) -> list[float]:
-        """[tree.n] a score per node, higher for likelier (exact numerics' order)."""
-
-    def observe(self, tree: DraftTree, path: tuple[int, ...], tokens: list[int], greedy: bool,
+    def observe(self, batch: Batch, path: tuple[int, ...], tokens: list[int], greedy: bool,
                 started: float) -> None:
-        """The round verified `tree`, accepted `path` and committed `tokens`; it began at
+        """The round verified `batch`, accepted `path` and committed `tokens`; it began at
         `started` (time.perf_counter)."""
 
     def summary(self) -> dict:
@@ -101,12 +101,11 @@ class Policy(Protocol):
 
 def free_stages(stages: Sequence[Drafter], costs: Costs | None) -> tuple[bool, ...]:
     """Per stage, whether it is free: the drafters without a model, and with a calibration a
-    model whose one-row step costs at most FREE_STEP_SHARE of the target's (a draft head on a
-    CPU). A free stage runs in the free drafters' arm, its running weighed round by round by its
-    own worth (worth.py) and its growth bounded by what pruning keeps; a model stage runs only in
-    the arms the bandit weighs against that one (budget.py)."""
+    model whose one-row step costs at most tuning.FREE_STEP_SHARE of the target's (a draft head
+    on a CPU). A free stage runs in the free drafters' arm behind its own gate (worth.py); a model
+    stage runs only in the arms the bandit weighs against that one (budget.py)."""
     cheap = (costs is not None and bool(costs.draft)
-             and costs.draft_cost(1) <= FREE_STEP_SHARE * costs.target_cost(1))
+             and costs.draft_cost(1) <= tuning.FREE_STEP_SHARE * costs.target_cost(1))
     return tuple(not d.uses_model or cheap for d in stages)
 
 
@@ -142,6 +141,18 @@ def _plan(arm: Arm, routed: tuple[tuple[int, ...], tuple[int, ...], bool], room:
     return Plan(arm, stages, room, room // 2 if halved else room, free=free)
 
 
+def capacity(arms: Sequence[Arm]) -> int:
+    """The most nodes a tree of `arms` holds, the root included."""
+    return max(2, max(a.nodes for a in arms) + 1)
+
+
+def _in_order(tree: DraftTree, ordered: DraftTree | None, likelihood) -> DraftTree:
+    """`tree`, or with `ordered` its copy likeliest path first by `likelihood()` [tree.n]."""
+    if ordered is None or tree.n <= 2:
+        return tree
+    return tree.copy_depth_first(ordered, likelihood())
+
+
 class FixedPolicy:
     """One tree size every round, every drafted node verified; nothing is learnt."""
 
@@ -151,6 +162,7 @@ class FixedPolicy:
 
     def __init__(self, arm: Arm, stages: Sequence[Drafter]) -> None:
         self.arms = (arm,)
+        self.capacity = capacity(self.arms)
         free = free_stages(stages, None)
         self._route = route(arm, free, draft_order(stages, free))
 
@@ -163,14 +175,11 @@ class FixedPolicy:
     def ran(self, stage: int, seconds: float) -> None:
         """Nothing is measured."""
 
-    def select(self, tree: DraftTree) -> DraftTree:
-        return tree
+    def select(self, tree: DraftTree, room: int, ordered: DraftTree | None) -> Batch:
+        """Every drafted node, unpadded; in order, likeliest by the drafters' own log probabilities."""
+        return Batch(_in_order(tree, ordered, lambda: tree.logp[:tree.n].tolist()))
 
-    def likelihood(self, tree: DraftTree) -> list[float]:
-        """[tree.n] a score per node: the drafters' own log probabilities."""
-        return tree.logp[:tree.n].tolist()
-
-    def observe(self, tree: DraftTree, path: tuple[int, ...], tokens: list[int], greedy: bool,
+    def observe(self, batch: Batch, path: tuple[int, ...], tokens: list[int], greedy: bool,
                 started: float) -> None:
         """Nothing is measured."""
 
@@ -195,24 +204,23 @@ class AdaptivePolicy:
         self.dropped = dropped
         self.shapes = shapes
         self.costs = costs
+        self.capacity = capacity(arms)
         self.bandit = AdaptiveBudget(arms) if len(arms) > 1 else None
         free = tuple(free) if free is not None else free_stages(stages, None)
         order = draft_order(stages, free)
         self._routes = [route(a, free, order) for a in arms]
+        # per stage: no model stage in the route, so the free stages' gates bound their growth
+        # (with a model stage, what the free ones leave is the model's room: bounding them would
+        # change its share)
+        self._bounded = [all(free[s] for s in r[0]) for r in self._routes]
         self._acceptance = prune.AcceptanceModel(len(stages)) if costs is not None else None
         self._worth = StageWorth(len(stages), costs.target_cost(1)) if costs is not None else None
-        self._kept = DraftTree(capacity=max(2, max(a.nodes for a in arms) + 1))
+        self._kept = DraftTree(self.capacity)
         self._cost_tables: dict[tuple[int, bool], list[float]] = {}   # by (arm nodes, after plain)
         self._index = 0                # this round's arm
         self._held = 0                 # rounds left on it (stable shapes)
         self._after_plain = True       # the last round verified the root alone
-        self._pruned_from: tuple[DraftTree, np.ndarray] | None = None   # this round's tree, keep mask
-        # nodes each stage had kept: decayed mean and last round (GROW_FACTOR); only where pruning
-        # runs and the arm runs free stages alone (with a model stage, what the free ones leave
-        # goes to the model: bounding them would change its share)
-        self._free = np.array(free, bool)
-        self._kept_mean = np.zeros(len(stages))
-        self._kept_last = np.zeros(len(stages))
+        self._free = free
 
     def begin(self) -> None:
         """A new generation: choose afresh, and count the first round as leaving plain ones."""
@@ -220,65 +228,76 @@ class AdaptivePolicy:
         self._after_plain = True
 
     def plan(self, room: int) -> Plan:
-        """This round's tree, with at most `room` nodes below the root."""
+        """This round's tree, with at most `room` nodes below the root; each free stage the arm
+        runs asks its gate (worth.py) how many nodes it may add."""
         if self.bandit is not None and (self.shapes is not Shapes.STABLE or self._held <= 0):
-            self._index, self._held = self.bandit.choose(), HOLD   # held only with stable shapes
+            self._index, self._held = self.bandit.choose(), tuning.HOLD   # held only with stable shapes
         self._held -= 1
         plan = _plan(self.arms[self._index], self._routes[self._index], room)
         if self._worth is None:
             return plan
-        free = self._free
-        stages = tuple(s for s in plan.stages if not free[s] or self._worth.runs(s))
-        if stages != plan.stages:
-            plan = replace(plan, stages=stages)
-        if not free[list(plan.stages)].all():
-            return plan   # with a model stage, what the free stages leave is the model's room
-        bound = GROW_FACTOR * np.maximum(self._kept_mean, self._kept_last) + GROW_MARGIN
-        return replace(plan, grow=tuple(np.ceil(bound).astype(int).tolist()))
+        bounded = self._bounded[self._index]
+        allowed = [plan.room] * len(self._free)
+        stages = []
+        for s in plan.stages:
+            if self._free[s]:
+                most = self._worth.allows(s)
+                if not most:
+                    continue                  # it sits out this round
+                if bounded:
+                    allowed[s] = most
+            stages.append(s)
+        return replace(plan, stages=tuple(stages), allowed=tuple(allowed))
 
     def ran(self, stage: int, seconds: float) -> None:
         """A free stage's propose took `seconds` (its worth's cost)."""
         if self._worth is not None:
             self._worth.ran(stage, seconds)
 
-    def select(self, tree: DraftTree) -> DraftTree:
+    def select(self, tree: DraftTree, room: int, ordered: DraftTree | None) -> Batch:
         """The part of `tree` worth verifying on this machine (prune.py): `tree` itself, or a copy
-        of its kept nodes (drafters keep their own node numbering of `tree`)."""
-        self._pruned_from = None
-        arm = self.arms[self._index]
+        of its kept nodes (drafters keep their own node numbering of `tree`), padded as the
+        batch-shape mode wants (Shapes.padding)."""
         if self._acceptance is None:
-            return tree
-        chosen = tree
-        if tree.n > 1:
-            cost = self._cost_table(arm, tree.n).__getitem__
-            keep = prune.choose(tree, self._acceptance.node_probs(tree), cost)
-            if not keep.all():
-                self._pruned_from = (tree, keep)
-                chosen = tree.copy_kept(keep, self._kept)
-        kept = np.bincount(chosen.drafter[1:chosen.n], minlength=len(self._free))[:len(self._free)]
-        self._kept_mean = KEPT_DECAY * self._kept_mean + (1 - KEPT_DECAY) * kept
-        self._kept_last = kept
-        return chosen
+            chosen, pruned = tree, None
+        else:
+            chosen, pruned = self._pruned(tree)
+        if ordered is not None:
+            chosen = _in_order(chosen, ordered, lambda: self._likelihood(chosen))
+        pad_to, top_up = self.shapes.padding(chosen.n, self.arms[self._index].nodes, room)
+        return Batch(chosen, pad_to, top_up, pruned)
 
-    def likelihood(self, tree: DraftTree) -> list[float]:
+    def _pruned(self, tree: DraftTree) -> tuple[DraftTree, tuple[DraftTree, np.ndarray] | None]:
+        """The nodes of `tree` that pay (a copy where some do not) and, then, (tree, keep mask)."""
+        if tree.n <= 1:
+            return tree, None
+        cost = self._cost_table(self.arms[self._index], tree.n).__getitem__
+        keep = prune.choose(tree, self._acceptance.node_probs(tree), cost)
+        if keep.all():
+            return tree, None
+        return tree.copy_kept(keep, self._kept), (tree, keep)
+
+    def _likelihood(self, tree: DraftTree) -> list[float]:
         """[tree.n] a score per node: its chance to be accepted, where that is modelled."""
         if self._acceptance is None:
             return tree.logp[:tree.n].tolist()
         return self._acceptance.node_probs(tree).tolist()
 
-    def observe(self, tree: DraftTree, path: tuple[int, ...], tokens: list[int], greedy: bool,
+    def observe(self, batch: Batch, path: tuple[int, ...], tokens: list[int], greedy: bool,
                 started: float) -> None:
-        """The round verified `tree`, accepted `path` and committed `tokens`; it began at
+        """The round verified `batch`, accepted `path` and committed `tokens`; it began at
         `started` (time.perf_counter), and is charged up to the end of this bookkeeping."""
+        tree = batch.tree
         if self._acceptance is not None:
             self._acceptance.update(tree, path)
-            if self._pruned_from is not None:
-                self._acceptance.observe_pruned(*self._pruned_from, tokens, greedy)
+            if batch.pruned is not None:
+                self._acceptance.observe_pruned(*batch.pruned, tokens, greedy)
         if self._worth is not None:
-            accepted = [0] * len(self._free)
+            n_stages = len(self._free)
+            accepted = [0] * n_stages
             for node in path:
                 accepted[tree.drafter[node]] += 1
-            self._worth.credit(accepted)
+            self._worth.observe(accepted, np.bincount(tree.drafter[1:tree.n], minlength=n_stages)[:n_stages])
         if self.bandit is not None:
             self.bandit.update(self._index, len(tokens), time.perf_counter() - started)
         self._after_plain = tree.n <= 1

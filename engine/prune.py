@@ -21,6 +21,7 @@ from typing import Callable
 
 import numpy as np
 
+from . import tuning
 from .tree import HINTS, DraftTree
 
 
@@ -29,20 +30,17 @@ class AcceptanceModel:
     from decayed counts.
 
     A cell (stage, hint, depth) backs off to its (stage, hint) pool across depths with the weight
-    of BACKOFF observations, that pool to the stage's own rate with POOL_BACKOFF, and the stage to
-    1/2 with one: a class seen a few times at depth 3 borrows what it showed at the other depths
-    instead of starting from a coin flip. The shrinkage is strong on purpose: pruning keeps the
-    nodes whose estimates are highest, so a cell that looks good by chance would be picked.
+    of `tuning.BACKOFF` observations, that pool to the stage's own rate with `POOL_BACKOFF`, and
+    the stage to 1/2 with one: a class seen a few times at depth 3 borrows what it showed at the
+    other depths instead of starting from a coin flip.
     """
 
-    BACKOFF = 8.0
-    POOL_BACKOFF = 4.0
-
-    def __init__(self, n_stages: int, max_depth: int = 32, decay: float = 0.995) -> None:
+    def __init__(self, n_stages: int, max_depth: int = 32, decay: float | None = None) -> None:
+        """max_depth: the deepest cell (deeper nodes share it); decay: tuning.ACCEPT_DECAY unless given."""
         shape = (max(1, n_stages), HINTS, max_depth + 1)
         self.accepted = np.zeros(shape)
         self.proposed = np.zeros(shape)
-        self.decay = decay
+        self.decay = tuning.ACCEPT_DECAY if decay is None else decay
         self.max_depth = max_depth
         self._owed = 0          # rounds whose decay is not applied yet (root-only rounds)
         self._rates: np.ndarray | None = None   # rates() until the counts change
@@ -72,9 +70,9 @@ class AcceptanceModel:
         self._settle()
         if self._rates is None:
             stage = (self.accepted.sum((1, 2)) + 0.5) / (self.proposed.sum((1, 2)) + 1.0)
-            pool = ((self.accepted.sum(-1) + self.POOL_BACKOFF * stage[:, None])
-                    / (self.proposed.sum(-1) + self.POOL_BACKOFF))
-            self._rates = (self.accepted + self.BACKOFF * pool[..., None]) / (self.proposed + self.BACKOFF)
+            pool = ((self.accepted.sum(-1) + tuning.POOL_BACKOFF * stage[:, None])
+                    / (self.proposed.sum(-1) + tuning.POOL_BACKOFF))
+            self._rates = (self.accepted + tuning.BACKOFF * pool[..., None]) / (self.proposed + tuning.BACKOFF)
         return self._rates
 
     def node_probs(self, tree: DraftTree) -> np.ndarray:

@@ -3,8 +3,8 @@
 On a CPU a verify costs what its rows cost, so a tree is verified at its own size (FREE). On a
 GPU llama.cpp replays a captured CUDA graph only for a batch shape it has seen recently. Where a
 change of shape is cheap (`Costs.cheap_switch`: llama.cpp keeps a graph per shape) a tree is padded
-up to one of a few sizes, so those graphs stay few and warm, and rounds still choose freely
-(BUCKETS). Where a change of shape is dear, every speculative round is padded to its arm's full
+up to one of a few sizes (`tuning.BUCKET_SIZES`), so those graphs stay few and warm, and rounds
+still choose freely (BUCKETS). Where a change of shape is dear, every speculative round is padded to its arm's full
 size and the policy holds its choice for a while, so the shape repeats round after round (STABLE).
 In every mode a round that verifies the root alone stays one token: padding it would make every
 plain step pay for the speculative shape.
@@ -17,25 +17,22 @@ from __future__ import annotations
 import enum
 from typing import TYPE_CHECKING
 
+from . import tuning
+
 if TYPE_CHECKING:
     from .costs import Costs
 
-# The sizes trees are padded to where a change of shape is cheap. llama.cpp keeps a CUDA graph per
-# size, but captures one only after two calls of that size and drops it when unused for a while,
-# so trees of every size (2..33 tokens) would mostly run uncaptured; powers of two keep sizes few.
-BUCKET_SIZES = (2, 4, 8, 16, 32)
-
 
 def bucket(n: int, top: int) -> int:
-    """Rows a verify of n tokens is padded to where shapes change cheaply: the smallest bucket
-    of at least n, else `top` (the arm's full tree)."""
-    return next((b for b in BUCKET_SIZES if n <= b < top), max(n, top))
+    """Rows a verify of n tokens is padded to where shapes change cheaply: the smallest of
+    `tuning.BUCKET_SIZES` of at least n, else `top` (the arm's full tree)."""
+    return next((b for b in tuning.BUCKET_SIZES if n <= b < top), max(n, top))
 
 
 class Shapes(enum.Enum):
     FREE = "free"        # a CPU: every tree at its own size, choices made round by round
-    BUCKETS = "buckets"  # a GPU with cheap shape changes: trees padded to BUCKET_SIZES
-    STABLE = "stable"    # a GPU: trees padded to the arm's size, choices held (policy.HOLD)
+    BUCKETS = "buckets"  # a GPU with cheap shape changes: trees padded to tuning.BUCKET_SIZES
+    STABLE = "stable"    # a GPU: trees padded to the arm's size, choices held (tuning.HOLD)
 
     @staticmethod
     def of(offloaded: bool, costs: Costs | None) -> Shapes:

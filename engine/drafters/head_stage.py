@@ -4,8 +4,8 @@ whether it sits out on this machine.
 A head drafts from the target's hidden states, so the target opens with them, with the layers the
 head's file says it reads beside the last (its taps), and hands back those of a prefill's last
 `HEAD_CONTEXT` tokens; torch is imported before llama.cpp loads. The head installed for the target
-(found by the model file's fingerprint, `with_head`) drafts only where its one-row step costs at
-most `HEAD_MAX_STEP_SHARE` of the target's: measured at load, and remembered beside the
+(found by the model file's fingerprint, `with_head`) drafts only where it would be a free stage,
+its one-row step at most `tuning.FREE_STEP_SHARE` of the target's: measured at load, and remembered beside the
 calibration, so that later starts on this machine skip loading it (on a GPU: its compile, its
 tables, a calibration with hidden states) until `localspec calibrate --refresh` measures again. A
 head the user named is used whatever its step costs.
@@ -19,7 +19,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from ..config import HEAD_CONTEXT, HEAD_MAX_STEP_SHARE
+from .. import tuning
+from ..config import HEAD_CONTEXT
 from ..errors import LocalspecError
 from ..options import Options
 from .stage import Needs, Parts, Settled, StageKind
@@ -106,7 +107,7 @@ def _remember_share(model, head: Path, share: float) -> None:
 
 def _sat_out(model, head: Path) -> str | None:
     """Why the installed head sits out, where a load on this machine within the calibration's
-    MAX_AGE measured its step over HEAD_MAX_STEP_SHARE of the target's; else None (load it and
+    MAX_AGE measured its step over tuning.FREE_STEP_SHARE of the target's; else None (load it and
     measure)."""
     from ..calibrate import MAX_AGE, read_json
 
@@ -119,13 +120,13 @@ def _sat_out(model, head: Path) -> str | None:
 
 def _head_too_dear(path: Path, share: float, measured: float | None = None) -> str | None:
     """Why the installed head at `path` sits out on this machine, or None: its one-row step costs
-    `share` of the target's, more than HEAD_MAX_STEP_SHARE (measured: when a past load measured
+    `share` of the target's, more than tuning.FREE_STEP_SHARE (measured: when a past load measured
     it, a time.time(); None: this load)."""
-    if share <= HEAD_MAX_STEP_SHARE:
+    if share <= tuning.FREE_STEP_SHARE:
         return None
     when = ("" if measured is None else f"; measured {time.strftime('%Y-%m-%d', time.localtime(measured))}, "
             "`localspec calibrate --refresh` measures again")
-    return (f"its step costs {share:.0%} of the model's here (at most {HEAD_MAX_STEP_SHARE:.0%} "
+    return (f"its step costs {share:.0%} of the model's here (at most {tuning.FREE_STEP_SHARE:.0%} "
             f"pays{when}); --head {path} uses it anyway")
 
 

@@ -120,15 +120,15 @@ def test_a_trained_head_is_found_for_its_target_and_drafts(data, tiny, tiny_head
 def test_an_installed_head_drafts_only_where_its_step_costs_little_beside_the_models(
         data, tiny, tiny_head, monkeypatch, share):
     """The installed head's step, measured at load, against the target's calibrated one: over
-    HEAD_MAX_STEP_SHARE the head is left out, the target stops handing back hidden states and
+    tuning.FREE_STEP_SHARE the head is left out, the target stops handing back hidden states and
     the run goes on without it, saying how to use it anyway; a head named with --head is used
     whatever its step costs."""
     from localspec.engine.session import Session
 
+    from localspec.engine import tuning
     from localspec.engine.drafters import head as head_mod
-    from localspec.engine.drafters import head_stage
 
-    monkeypatch.setattr(head_stage, "HEAD_MAX_STEP_SHARE", share)
+    monkeypatch.setattr(tuning, "FREE_STEP_SHARE", share)
     measured = []
     timed = head_mod.head_costs
     monkeypatch.setattr(head_mod, "head_costs", lambda *a: measured.append(1) or timed(*a))
@@ -164,10 +164,11 @@ def test_an_installed_head_that_sat_out_here_is_not_loaded_again_until_measured_
     import os
 
     from localspec.engine import build as build_mod
+    from localspec.engine import tuning
     from localspec.engine.drafters import head as head_mod
     from localspec.engine.drafters import head_stage
 
-    monkeypatch.setattr(head_stage, "HEAD_MAX_STEP_SHARE", share)
+    monkeypatch.setattr(tuning, "FREE_STEP_SHARE", share)
     loads = []
     real_load = head_stage.load_head
     monkeypatch.setattr(head_stage, "load_head", lambda *a: loads.append(1) or real_load(*a))
@@ -279,9 +280,9 @@ def test_calibrate_with_an_installed_head_that_sits_out_measures_the_target_alon
     head sits out, the first time (measured) and the next (remembered); not a crash on the
     head's missing stage."""
     from localspec.app import cli
-    from localspec.engine.drafters import head_stage
+    from localspec.engine import tuning
 
-    monkeypatch.setattr(head_stage, "HEAD_MAX_STEP_SHARE", 0.0)
+    monkeypatch.setattr(tuning, "FREE_STEP_SHARE", 0.0)
     installed = install_head(tiny, tiny_head)
     for when in ("its step costs", "measured 20"):
         assert cli.main(["calibrate", "--model", str(tiny.target_gguf), "--ctx", "256", "--threads", "1"]) == 0

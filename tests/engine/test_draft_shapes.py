@@ -95,7 +95,8 @@ def test_padded_draft_in_sampling_mode_leaves_no_padding(tiny):
 
 
 def test_bucket_is_the_smallest_bucket_that_holds_the_tree():
-    from localspec.engine.shapes import BUCKET_SIZES, bucket
+    from localspec.engine.shapes import bucket
+    from localspec.engine.tuning import BUCKET_SIZES
 
     assert [bucket(n, 33) for n in (2, 3, 5, 9, 16, 17, 32, 33)] == [2, 4, 8, 16, 16, 32, 32, 33]
     assert bucket(5, 5) == 5 and bucket(3, 5) == 4       # never past the arm's full tree
@@ -108,7 +109,8 @@ def test_cheap_shape_changes_verify_in_buckets_and_keep_the_output(tiny):
     keeps no plain arm (pruning to the root is the plain step),
     pads a tree only up to its bucket (rows only, no sequence top-up), its GGUF draft does not pad,
     and the output stays the target's own."""
-    from localspec.engine.shapes import BUCKET_SIZES, Shapes
+    from localspec.engine.shapes import Shapes
+    from localspec.engine.tuning import BUCKET_SIZES
 
     plain = Session(Options(tiny.target_gguf, speculation=False, n_ctx=512, n_threads=1))
     try:

@@ -9,9 +9,10 @@ from localspec.engine.costs import Costs
 from localspec.engine.config import GenerationRequest, TreeBudget
 from localspec.engine.decode import Engine
 from localspec.engine.generation import finish
-from localspec.engine.policy import HOLD, make_policy
+from localspec.engine.policy import make_policy
 from localspec.engine.session import Session
-from localspec.engine.shapes import BUCKET_SIZES, Shapes
+from localspec.engine.shapes import Shapes
+from localspec.engine.tuning import BUCKET_SIZES, HOLD
 from localspec.engine.stats import PHASES
 from localspec.engine.options import Options
 from test_cascade import PROMPT
@@ -46,8 +47,7 @@ def proposed_wherever_room_was_left(plan, calls: list, stages) -> bool:
     made = {index: (before, after) for index, before, after in calls}
     expected, n = [], 1
     for index in plan.stages:
-        room = (plan.free_room if index in plan.free else plan.room) - (n - 1)
-        if room <= 0:
+        if plan.budget(index, n - 1) <= 0:
             if index not in plan.free:
                 break
             continue

@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 from localspec.engine.budget import AdaptiveBudget, Arm
 from localspec.engine.config import TreeBudget
-from localspec.engine.prune import AcceptanceModel
 from localspec.engine.tree import DraftTree
 
 import dev_scripts
@@ -23,28 +22,33 @@ VARIANTS = {v.name: v for v in ablate.variants()}
 
 
 def test_patched_sets_values_for_the_block_only_also_when_it_raises():
-    patches = (Patch("localspec.engine.prune:AcceptanceModel.BACKOFF", 2.0),
-               Patch("localspec.engine.policy:HOLD", 1))
-    from localspec.engine import policy
+    patches = (Patch("localspec.engine.tuning:BACKOFF", 2.0),
+               Patch("localspec.engine.tuning:HOLD", 1))
+    from localspec.engine import tuning
 
     with ablate.patched(patches):
-        assert AcceptanceModel.BACKOFF == 2.0 and policy.HOLD == 1
-    assert AcceptanceModel.BACKOFF == 8.0 and policy.HOLD == 16
+        assert tuning.BACKOFF == 2.0 and tuning.HOLD == 1
+    assert tuning.BACKOFF == 8.0 and tuning.HOLD == 16
     with pytest.raises(RuntimeError), ablate.patched(patches):
         raise RuntimeError("a generation failed")
-    assert AcceptanceModel.BACKOFF == 8.0 and policy.HOLD == 16
+    assert tuning.BACKOFF == 8.0 and tuning.HOLD == 16
 
 
 def test_patched_refuses_a_missing_or_inherited_attribute_and_undoes_the_earlier_ones():
-    class Sub(AcceptanceModel):
+    from localspec.engine import tuning
+
+    class Owner:
+        VALUE = 1
+
+    class Sub(Owner):
         pass
 
     sys.modules[__name__].Sub = Sub
-    for bad in ("localspec.engine.prune:AcceptanceModel.BACKOFFS", f"{__name__}:Sub.BACKOFF"):
-        with pytest.raises(AttributeError, match="renamed"), \
-                ablate.patched((Patch("localspec.engine.prune:AcceptanceModel.BACKOFF", 2.0), Patch(bad, 1))):
+    good = Patch("localspec.engine.tuning:BACKOFF", 2.0)
+    for bad in ("localspec.engine.tuning:BACKOFFS", f"{__name__}:Sub.VALUE"):
+        with pytest.raises(AttributeError, match="renamed"), ablate.patched((good, Patch(bad, 1))):
             pass
-        assert AcceptanceModel.BACKOFF == 8.0 and "BACKOFF" not in vars(Sub)
+        assert tuning.BACKOFF == 8.0 and "VALUE" not in vars(Sub)
 
 
 def _defined(where: str) -> bool:

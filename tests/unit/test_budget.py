@@ -1,6 +1,7 @@
 """The adaptive budget's policy on scripted throughputs (a unit test of the rule, no model):
 it settles on the fastest arm, turns speculation off when plain decoding is fastest (probing the
 losing arms rarely), and follows a change."""
+from localspec.engine import tuning
 from localspec.engine.budget import AdaptiveBudget, Arm
 from localspec.engine.config import TreeBudget
 
@@ -77,7 +78,7 @@ def test_while_a_model_arm_leads_the_free_arm_is_probed_often(monkeypatch):
     arms = (Arm(32, models=False), Arm(8))
 
     def stretch_end(cheap_every: int) -> tuple[int, int]:
-        monkeypatch.setattr(AdaptiveBudget, "CHEAP_EVERY", cheap_every)
+        monkeypatch.setattr(tuning, "CHEAP_EVERY", cheap_every)
         ctrl = AdaptiveBudget(arms)
         play(ctrl, {arms[0]: 400.0, arms[1]: 220.0}, 100)
         assert leader(ctrl) == arms[0]
@@ -87,7 +88,7 @@ def test_while_a_model_arm_leads_the_free_arm_is_probed_often(monkeypatch):
         runs = [i for i in range(1, 200) if chosen[i] == chosen[i - 1] == arms[1]]
         return (max(runs) if runs else 0), sum(a == arms[1] for a in chosen[150:])
 
-    end, late = stretch_end(AdaptiveBudget.CHEAP_EVERY)
+    end, late = stretch_end(tuning.CHEAP_EVERY)
     assert end < 150 and late <= 2            # over, then only rare probes
     assert stretch_end(64)[0] > 190           # the usual schedule: still on the draft's arm
 

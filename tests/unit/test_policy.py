@@ -11,12 +11,11 @@ import pytest
 from localspec.engine.budget import Arm
 from localspec.engine.costs import Costs
 from localspec.engine.config import DraftLimits, TreeBudget
-from localspec.engine.policy import (GROW_FACTOR, GROW_MARGIN, HOLD, KEPT_DECAY, AdaptivePolicy,
-                                     FixedPolicy, Plan, draft_order, make_policy)
+from localspec.engine import tuning
+from localspec.engine.policy import AdaptivePolicy, Batch, FixedPolicy, Plan, draft_order, make_policy
 from localspec.engine.prune import AcceptanceModel
 from localspec.engine.shapes import Shapes
 from localspec.engine.tree import DraftTree
-from localspec.engine.worth import StageWorth
 
 
 @dataclass(frozen=True)
@@ -52,7 +51,7 @@ def play(policy, rounds: int, tree: DraftTree | None = None) -> list[Arm]:
     for _ in range(rounds):
         started = time.perf_counter()
         arms.append(policy.plan(room=64).arm)
-        policy.observe(policy.select(tree), (), [7], greedy=True, started=started - 1e-3)
+        policy.observe(policy.select(tree, 64, None), (), [7], greedy=True, started=started - 1e-3)
     return arms
 
 
@@ -70,7 +69,7 @@ def test_a_fixed_tree_without_costs_verifies_every_drafted_node_at_its_size():
     assert policy.plan(room=100) == Plan(Arm(8), (0, 1), 8, 4, free=(0,))
     assert policy.plan(room=5) == Plan(Arm(8), (0, 1), 5, 2, free=(0,))     # the context's end bounds it
     tree = chain((10, 11, 12), hint=0)
-    assert policy.select(tree) is tree
+    assert policy.select(tree, 100, None) == Batch(tree)
 
 
 def test_the_shape_mode_is_chosen_once_from_where_the_target_runs_and_its_calibration():
@@ -128,30 +127,34 @@ def test_each_arm_runs_its_own_stages():
     for _ in range(len(policy.arms)):                  # the bandit measures every arm once first
         plan = policy.plan(room=64)
         plans[plan.arm] = plan
-        policy.observe(chain(()), (), [7], greedy=True, started=time.perf_counter() - 1e-3)
-    assert replace(plans[Arm(32, models=False)], grow=()) == Plan(Arm(32, models=False), (0, 1), 32, 32, free=(0, 1))
-    assert replace(plans[Arm(8)], grow=()) == Plan(Arm(8), (0, 1, 2), 8, 4, free=(0, 1))
+        policy.observe(Batch(chain(())), (), [7], greedy=True, started=time.perf_counter() - 1e-3)
+    assert replace(plans[Arm(32, models=False)], allowed=()) == Plan(Arm(32, models=False), (0, 1), 32, 32, free=(0, 1))
+    assert replace(plans[Arm(8)], allowed=()) == Plan(Arm(8), (0, 1, 2), 8, 4, free=(0, 1))
 
 
 def test_a_free_stage_grows_about_what_pruning_kept_of_it():
     policy = make_policy(TreeBudget(max_nodes=32, adaptive=True), [FREE, OTHER_FREE], CHEAP,
                          offloaded=True)
     arm = policy.plan(room=64).arm
-    policy.observe(chain(()), (), [7], greedy=True, started=time.perf_counter())
+    policy.observe(Batch(chain(())), (), [7], greedy=True, started=time.perf_counter())
     plan = policy.plan(room=64)
-    assert plan.grow == (GROW_MARGIN, GROW_MARGIN), "nothing kept yet: the margin"
+    factor, margin = tuning.GROW_FACTOR, tuning.GROW_MARGIN
+    assert plan.allowed == (margin, margin), "nothing kept yet: the margin"
     # stage 0 proposes a chain of 5 that all pays on a flat curve; stage 1 nothing
-    kept = policy.select(chain((1, 2, 3, 4, 5), stage=0))
-    assert kept.n == 6
+    kept = policy.select(chain((1, 2, 3, 4, 5), stage=0), 64, None)
+    assert kept.tree.n == 6
     policy.observe(kept, (), [7], greedy=True, started=time.perf_counter())
     plan = policy.plan(room=64)
-    assert plan.grow[:2] == (GROW_FACTOR * 5 + GROW_MARGIN, GROW_MARGIN)
-    assert plan.budget(0, 0) == min(plan.free_room, GROW_FACTOR * 5 + GROW_MARGIN)
+    assert plan.allowed[:2] == (factor * 5 + margin, margin)
+    assert plan.budget(0, 0) == min(plan.free_room, factor * 5 + margin)
+    # selecting changes nothing: what the next plan allows follows what was observed
+    policy.select(chain(()), 64, None)
+    assert policy.plan(room=64).allowed == plan.allowed
     # a round that keeps nothing falls back on the decayed mean, never below the margin
-    policy.select(chain(()))
+    policy.observe(Batch(chain(())), (), [7], greedy=True, started=time.perf_counter())
     plan = policy.plan(room=64)
-    mean = (1 - KEPT_DECAY) * 5 * KEPT_DECAY
-    assert plan.grow[0] == int(-(-(GROW_FACTOR * mean + GROW_MARGIN) // 1))
+    mean = (1 - tuning.KEPT_DECAY) * 5 * tuning.KEPT_DECAY
+    assert plan.allowed[0] == int(-(-(factor * mean + margin) // 1))
     assert arm in policy.arms
 
 
@@ -161,16 +164,17 @@ def test_an_arm_with_a_model_stage_leaves_the_free_stages_their_share():
     plans = []
     for _ in range(len(policy.arms)):
         plans.append(policy.plan(room=64))
-        policy.observe(chain(()), (), [7], greedy=True, started=time.perf_counter() - 1e-3)
+        policy.observe(Batch(chain(())), (), [7], greedy=True, started=time.perf_counter() - 1e-3)
     assert any(2 in p.stages for p in plans) and any(2 not in p.stages for p in plans)
-    assert all(p.grow == () for p in plans if 2 in p.stages)
-    assert all(p.grow[:2] == (GROW_MARGIN, GROW_MARGIN) for p in plans if 2 not in p.stages)
+    assert all(p.allowed == (p.room,) * 3 for p in plans if 2 in p.stages)
+    margin = tuning.GROW_MARGIN
+    assert all(p.allowed[:2] == (margin, margin) for p in plans if 2 not in p.stages)
 
 
 def test_without_pruning_nothing_bounds_growth():
     policy = AdaptivePolicy((Arm(16, models=False),), [FREE, OTHER_FREE], None, Shapes.FREE)
     plan = policy.plan(room=64)
-    assert plan.grow == () and plan.budget(1, 3) == plan.free_room - 3
+    assert plan.allowed == () and plan.budget(1, 3) == plan.free_room - 3
 
 
 def test_a_free_stage_sits_out_rounds_where_its_time_costs_more_than_it_brings():
@@ -183,10 +187,10 @@ def test_a_free_stage_sits_out_rounds_where_its_time_costs_more_than_it_brings()
             if stage != 2:
                 policy.ran(stage, 1e-3 if stage == 0 else 5.0)   # stage 1: five steps a round
         planned.append(plan.stages)
-        policy.observe(chain((10,), stage=0), (1,), [10, 7], greedy=True, started=time.perf_counter())
+        policy.observe(Batch(chain((10,), stage=0)), (1,), [10, 7], greedy=True, started=time.perf_counter())
     late = planned[200:]
     assert all(0 in p for p in late), "a stage that pays always runs"
-    assert 0 < sum(1 in p for p in late) <= 1000 // StageWorth.MAX_INTERVAL + 1, \
+    assert 0 < sum(1 in p for p in late) <= 1000 // tuning.WORTH_MAX_GAP + 1, \
         "one that does not is only tried now and then"
     assert any(2 in p for p in late), "a model stage is not gated by worth"
     again = make_policy(TreeBudget(max_nodes=32, adaptive=True), [FREE, OTHER_FREE, MODEL], CHEAP,
@@ -202,11 +206,11 @@ def test_choices_are_held_only_with_stable_shapes(costs, holds):
     policy = make_policy(TreeBudget(max_nodes=16, adaptive=True), [FREE, MODEL], costs,
                          offloaded=costs is not CPU)
     policy.begin()
-    arms = play(policy, 6 * HOLD)
+    arms = play(policy, 6 * tuning.HOLD)
     changes = [i for i in range(1, len(arms)) if arms[i] != arms[i - 1]]
     assert changes, "a fresh bandit measures every arm"
     if holds:
-        assert all(i % HOLD == 0 for i in changes), changes
+        assert all(i % tuning.HOLD == 0 for i in changes), changes
     else:
         assert changes[:len(policy.arms) - 1] == list(range(1, len(policy.arms)))
 
@@ -222,10 +226,10 @@ def test_pruning_keeps_what_pays_and_learns_from_what_it_dropped():
     policy.resume({"acceptance": learnt.state()})
     policy.begin()
     policy.plan(room=8)
-    assert policy.select(good) is good                              # all of it pays
+    assert policy.select(good, 8, None).tree is good                # all of it pays
     policy.plan(room=8)
-    kept = policy.select(doubtful)
-    assert kept.n == 1 and kept is not doubtful                     # a copy: the drafters' tree stays
+    kept = policy.select(doubtful, 8, None)
+    assert kept.tree.n == 1 and kept.tree is not doubtful           # a copy: the drafters' tree stays
     proposed = sum(policy.learnt()["acceptance"]["proposed"][0][1])   # [stage][hint][depth]
     policy.observe(kept, (), [20], greedy=True, started=time.perf_counter())   # the target took 20
     after = policy.learnt()["acceptance"]
@@ -258,7 +262,7 @@ def test_a_model_whose_step_is_cheap_here_runs_with_the_free_stages():
     plan = policy.plan(room=64)
     # it drafts after Max-Gram's copies and before the n-grams' guesses (draft_order)
     assert plan.stages == (0, 2, 1) and plan.free == (0, 2, 1) and plan.free_room == plan.room
-    assert len(plan.grow) == 3, "its growth is bounded by what pruning keeps, as theirs is"
+    assert len(plan.allowed) == 3, "its growth is bounded by what pruning keeps, as theirs is"
     dear = make_policy(TreeBudget(max_nodes=32, adaptive=True), [FREE, OTHER_FREE, head], CPU,
                        offloaded=False)
     assert any(a.models for a in dear.arms) and Arm(32, models=False) in dear.arms
@@ -289,5 +293,5 @@ def test_a_free_model_stage_sits_out_where_its_time_costs_more_than_it_brings():
         if 1 in plan.stages:
             ran += 1
             policy.ran(1, 0.5)   # half a target step a round, and never a token accepted
-        policy.observe(policy.select(chain(())), (), [7], greedy=True, started=time.perf_counter())
+        policy.observe(policy.select(chain(()), 64, None), (), [7], greedy=True, started=time.perf_counter())
     assert 0 < ran < 100, ran
