@@ -127,14 +127,15 @@ def cmd_list(args: argparse.Namespace) -> int:
     vram = _size(free.vram) if free.vram is not None else "none seen (no nvidia-smi)"
     ram = _size(free.ram) if free.ram is not None else "unknown"
     show(f"free: VRAM {vram}, RAM {ram}. NEED = files + {fit.CONTEXT}-token f16 KV cache "
-         f"+ {_size(fit.SCRATCH)} runtime")
-    show(f"{'NAME':<24} {'SIZE':>9} {'NEED':>9}  {'QUANT':<8} {'FIT':<13} WHERE")
+         f"+ {_size(fit.SCRATCH)} runtime; CTX = the context a run gets here by default (tokens)")
+    show(f"{'NAME':<24} {'SIZE':>9} {'NEED':>9}  {'QUANT':<8} {'FIT':<13} {'CTX':>6} WHERE")
     for row in rows:
         m = row.model
         fit_text = "missing file" if row.missing else row.fit
         need = _size(row.need) if row.need is not None else "?"
+        ctx = str(row.context) if row.context else "?"
         show(f"{m.name:<24} {_size(m.size):>9} {need:>9}  {m.quantization:<8} {fit_text:<13} "
-             f"{m.location}")
+             f"{ctx:>6} {m.location}")
         parts = f" (+{len(m.target.parts)} parts)" if m.target.parts else ""
         show(f"    target {m.target.path}{parts}")
         kind = " (PyTorch)" if m.draft and m.draft.kind == "torch" else ""

@@ -118,6 +118,19 @@ class Loaded:
         self.model.close()
 
 
+def kv_type_for(options: Options) -> str:
+    """The KV cache's cell type this run uses: the one asked for, else models/fit.py's
+    AUTO_KV_TYPE for where the target runs; exact numerics keep f16 (their promise is checked on
+    it)."""
+    from localspec.models.fit import AUTO_KV_TYPE
+
+    if options.kv_type != "auto":
+        return options.kv_type
+    if options.exact:
+        return "f16"
+    return AUTO_KV_TYPE["gpu" if options.n_gpu_layers != 0 and gpu_offload_supported() else "cpu"]
+
+
 def default_context(options: Options) -> int:
     """The context when none is asked for (n_ctx 0): what fits this machine's free memory where
     the target runs, up to its trained length (models/fit.py)."""
@@ -126,7 +139,7 @@ def default_context(options: Options) -> int:
 
     path = Path(options.model).expanduser()
     on_gpu = options.n_gpu_layers != 0 and gpu_offload_supported()
-    return fitted_context(read_gguf(path), path.stat().st_size, on_gpu)
+    return fitted_context(read_gguf(path), path.stat().st_size, on_gpu, kv_type=kv_type_for(options))
 
 
 def load(options: Options, names: Sequence[str], *, measure: bool, refresh: bool = False,
@@ -148,7 +161,8 @@ def load(options: Options, names: Sequence[str], *, measure: bool, refresh: bool
                        n_seq_max=max(2, nodes + 1) if spec else 1,
                        n_gpu_layers=options.n_gpu_layers, n_threads=options.n_threads,
                        n_batch=max(512, nodes + 2), n_pad_seqs=nodes + 1 if spec else 0,
-                       hidden=need.hidden, exact=options.exact, taps=need.taps)
+                       hidden=need.hidden, exact=options.exact, taps=need.taps,
+                       kv_type=kv_type_for(options))
     parts = registry.Parts(None)   # the target goes in last, as its stages left it
     sat_out: dict[str, str] = {}
     curves: dict[tuple[str, ...], Costs] = {}

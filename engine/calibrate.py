@@ -291,6 +291,8 @@ def _fingerprint(models: Sequence[LlamaModel]) -> str:
                   # with hidden states llama.cpp outputs (and copies out) every row of a batch,
                   # which a head's target pays for: another curve
                   "hidden" if model.hidden else "logits"]
+        if getattr(model, "kv_type", "f16") != "f16":   # another cell type, other attention costs
+            parts.append(f"kv {model.kv_type}")
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:20]
 
 

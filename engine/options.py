@@ -91,6 +91,9 @@ RULES: dict[str, Rule] = {
     "n_ctx": Rule("--ctx", f"an integer from 0 to {MAX_CTX} (tokens; 0, the default: the largest "
                            "that fits this machine's memory, up to the model's trained length)",
                   lambda v: _integer(v) and 0 <= v <= MAX_CTX),
+    "kv_type": Rule("--kv-type", "auto, f16 or q8_0 (the KV cache's cells; auto: the type measured "
+                                 "no slower where the target runs)",
+                    lambda v: v in ("auto", "f16", "q8_0")),
     "kv_cache_mb": Rule("kv_cache_mb", "an integer >= 0 (MiB of conversation caches kept on disk; 0: none)",
                         lambda v: _integer(v) and v >= 0),
     "n_gpu_layers": Rule("--gpu-layers", "an integer >= -1 (-1: all layers, 0: CPU only)",
@@ -134,6 +137,7 @@ class Options:
     maxgram: bool = True
     personal: bool = True              # the personal n-gram drafter (store under the user data dir)
     n_ctx: int = 0                     # 0: fitted to the free memory, up to the trained length (build.py)
+    kv_type: str = "auto"              # the KV cache's cells: f16, q8_0, or auto (build.kv_type_for)
     n_gpu_layers: int = -1
     n_threads: int | None = None       # None: every core this process may use
     budget: TreeBudget = TreeBudget(max_nodes=DEFAULT_TREE_NODES, adaptive=True)
@@ -151,7 +155,7 @@ class Options:
         s = self.sampling
         check_values({"temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k,
                       "seed": s.seed, "max_tokens": self.max_tokens,
-                      "tree_nodes": self.budget.max_nodes, "n_ctx": self.n_ctx,
+                      "tree_nodes": self.budget.max_nodes, "n_ctx": self.n_ctx, "kv_type": self.kv_type,
                       "n_gpu_layers": self.n_gpu_layers, "n_threads": self.n_threads,
                       "kv_cache_mb": self.kv_cache_mb})
         if self.exact and self.stable_shapes:

@@ -7,7 +7,8 @@ lacks (engine/target.py's keep_prefix), instead of reading the whole conversatio
 
 What a snapshot is trusted for, and why:
 - it is only used by a target whose numbers it matches: the key names the model file's weights
-  (its fingerprint), llama.cpp's build, where the layers run and exact mode; a snapshot under
+  (its fingerprint), llama.cpp's build, where the layers run, exact mode and the KV cache's cell
+  type; a snapshot under
   another key is never opened. Not the context size: a position's keys and values depend on the
   tokens before it alone, and a context fitted to free memory may differ from one start to the
   next; a snapshot longer than the context is refused by `Target.load_state`;
@@ -49,7 +50,8 @@ def snapshot_key(model) -> str:
     import llama_cpp as lc
 
     parts = [f"format {FORMAT}", fingerprint(model.info), lc.__version__, *library_stamps(),
-             f"gpu layers {model.n_gpu_layers}", "exact" if model.exact else "fast"]
+             f"gpu layers {model.n_gpu_layers}", "exact" if model.exact else "fast",
+             f"kv {model.kv_type}"]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
 
 

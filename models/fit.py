@@ -21,6 +21,7 @@ from localspec.models.gguf_file import GGUFInfo, read_gguf
 
 CONTEXT = 4096          # tokens: the estimate's context (the CLI's default --ctx)
 KV_BYTES = 2            # f16 keys and values, llama.cpp's default cache type
+KV_TYPE_BYTES = {"f16": 2.0, "q8_0": 34 / 32}   # bytes a cell value: q8_0 is 32 int8 and an f16 scale
 SCRATCH = 512 << 20     # compute buffers, runtime
 
 
@@ -30,8 +31,9 @@ class FreeMemory:
     ram: int | None     # MemAvailable; None without /proc
 
 
-def kv_cache_bytes(info: GGUFInfo, n_ctx: int = CONTEXT) -> int | None:
-    """f16 K and V for `n_ctx` tokens over every layer; None if the metadata lacks a field."""
+def kv_cache_bytes(info: GGUFInfo, n_ctx: int = CONTEXT, kv_type: str = "f16") -> int | None:
+    """K and V for `n_ctx` tokens over every layer, in cells of `kv_type` (KV_TYPE_BYTES); None
+    if the metadata lacks a field."""
     meta, arch = info.metadata, info.architecture
     try:
         n_layer = int(meta[f"{arch}.block_count"])
@@ -42,8 +44,13 @@ def kv_cache_bytes(info: GGUFInfo, n_ctx: int = CONTEXT) -> int | None:
     n_head_kv = int(meta.get(f"{arch}.attention.head_count_kv", n_head))
     k_len = int(meta.get(f"{arch}.attention.key_length", n_embd // n_head))
     v_len = int(meta.get(f"{arch}.attention.value_length", n_embd // n_head))
-    return n_ctx * n_layer * n_head_kv * (k_len + v_len) * KV_BYTES
+    return int(n_ctx * n_layer * n_head_kv * (k_len + v_len) * KV_TYPE_BYTES[kv_type])
 
+
+# The KV cache's cells where none is asked for (--kv-type auto), by where the target runs: q8_0
+# holds twice the context in the same memory, and is chosen only where it measured no slower than
+# f16 (decode, a verify's rows and a turn's prefill; docs/decisions/0047).
+AUTO_KV_TYPE = {"cpu": "f16", "gpu": "f16"}
 
 # Of the memory left once the weights are in, what a fitted context's KV cache may take: the rest
 # stays for llama.cpp's compute buffers, a draft, and the other programs on the machine.
@@ -59,14 +66,15 @@ def trained_context(info: GGUFInfo) -> int | None:
         return None
 
 
-def fitted_context(info: GGUFInfo, weights: int, on_gpu: bool, free: FreeMemory | None = None) -> int:
-    """The default context: the largest multiple of FIT_STEP whose f16 KV cache fits in FIT_SHARE
+def fitted_context(info: GGUFInfo, weights: int, on_gpu: bool, free: FreeMemory | None = None,
+                   kv_type: str = "f16") -> int:
+    """The default context: the largest multiple of FIT_STEP whose KV cache (cells of `kv_type`) fits in FIT_SHARE
     of the memory the model's `weights` (bytes) leave free where it runs (the GPU's, or RAM), up to
     the model's trained context; never below CONTEXT (or the trained one, if smaller), so that
     what ran before still runs. `free`: measured now unless given."""
     trained = trained_context(info) or CONTEXT
     floor = min(trained, CONTEXT)
-    per_token = kv_cache_bytes(info, 1)
+    per_token = kv_cache_bytes(info, 1, kv_type)
     if not per_token:
         return floor
     free = free or free_memory()
@@ -87,6 +95,18 @@ def torch_kv_cache_bytes(config: dict, n_ctx: int = CONTEXT) -> int | None:
         return None
     n_head_kv = int(config.get("num_key_value_heads") or n_head)
     return n_ctx * n_layer * n_head_kv * 2 * head_dim * KV_BYTES
+
+
+def listed_context(target, free: FreeMemory) -> int | None:
+    """The context a run of `target` (library.ModelFile, a GGUF) gets here by default: fitted
+    where it fits (the GPU's memory when it fits there), with AUTO_KV_TYPE's cells; None if
+    unreadable."""
+    try:
+        info = read_gguf(target.path, require_vocab=False)
+    except (LocalspecError, OSError, ValueError):
+        return None
+    on_gpu = free.vram is not None and verdict(need_bytes([target]), free) == "fits in VRAM"
+    return fitted_context(info, target.size, on_gpu, free, AUTO_KV_TYPE["gpu" if on_gpu else "cpu"])
 
 
 def need_bytes(models: list) -> int | None:

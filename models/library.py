@@ -129,6 +129,7 @@ class ModelListing:
     fit: str          # "fits in VRAM" / "fits in RAM" / "too big" / "unknown" (models/fit.py)
     need: int | None  # estimated bytes to run it: weights + KV cache
     missing: tuple[Path, ...]   # registered files no longer on disk
+    context: int | None = None  # tokens of context a run gets here by default (fit.listed_context)
 
     @property
     def name(self) -> str:
@@ -510,7 +511,8 @@ def list_models(root: Path | None = None) -> list[ModelListing]:
         files = [model.target] + ([model.draft] if model.draft else [])
         missing = tuple(p for f in files for p in f.files if not p.is_file())
         need = None if missing else fit.need_bytes(files)
-        rows.append(ModelListing(model, fit.verdict(need, free), need, missing))
+        context = None if missing or model.target.kind == "torch" else fit.listed_context(model.target, free)
+        rows.append(ModelListing(model, fit.verdict(need, free), need, missing, context))
     return rows
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from localspec.app.paths import resolve_models
 from localspec.engine.errors import LocalspecError
-from localspec.models import library, registry
+from localspec.models import fit, library, registry
 
 
 @pytest.fixture
@@ -46,6 +46,7 @@ def test_import_in_place_list_rm_round_trip(data, tiny):
     assert row.model.size == os.path.getsize(tiny.target_gguf) + os.path.getsize(tiny.draft_gguf)
     assert row.model.quantization == "F32"            # general.file_type 0
     assert row.fit in ("fits in VRAM", "fits in RAM", "too big", "unknown")
+    assert row.context == fit.listed_context(row.model.target, fit.free_memory()) and row.context >= 64
     assert store_files(data) == []                     # nothing copied
     assert resolve_models("tiny", None) == (row.model.target.path, row.model.draft.path)
     assert resolve_models("tiny", str(tiny.target_gguf))[1] == Path(tiny.target_gguf)  # --draft wins
@@ -62,6 +63,8 @@ def test_import_copy_round_trip_via_cli(data, tiny):
     listed = cli(data, "list")
     assert listed.returncode == 0 and "tc" in listed.stdout and "store" in listed.stdout
     assert "F32" in listed.stdout and "draft.gguf" in listed.stdout
+    [row] = library.list_models()
+    assert "CTX" in listed.stdout and f" {row.context} " in listed.stdout   # the context a run gets here
     assert cli(data, "rm", "tc").returncode == 0
     assert store_files(data) == [] and Path(tiny.target_gguf).is_file()
     assert "No models installed" in cli(data, "list").stdout
@@ -266,6 +269,9 @@ def test_the_default_context_fits_the_free_memory_up_to_the_trained_length(tiny)
     assert fit.fitted_context(long, 1000, on_gpu=True, free=fit.FreeMemory(vram=room, ram=1)) == got
     assert fit.fitted_context(long, 1000, on_gpu=False, free=fit.FreeMemory(vram=None, ram=1)) == fit.CONTEXT
     assert fit.fitted_context(long, 1000, on_gpu=False, free=fit.FreeMemory(None, None)) == fit.CONTEXT
+    # q8_0 cells (34 bytes a 32 values against 64): the same room holds 1.88x the tokens
+    q8 = fit.fitted_context(long, 1000, on_gpu=False, free=fit.FreeMemory(vram=None, ram=room), kv_type="q8_0")
+    assert q8 == 18 * fit.FIT_STEP
     session = Session(Options(tiny.target_gguf, speculation=False, n_threads=1))
     try:
         assert session.model.n_ctx == session.cfg.n_ctx == fit.fitted_context(info, 0, False) == trained

@@ -6,6 +6,7 @@ used."""
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import pytest
 
@@ -124,3 +125,23 @@ def test_the_cap_evicts_the_least_recently_used_snapshot(tiny, tmp_path):
         assert not tiny_cap.save("b", target) and not tiny_cap.path("b").exists()
     finally:
         session.close()
+
+
+def test_a_q8_0_cache_is_another_setting_and_keeps_speculation_equal_to_plain(tiny, saved):
+    """A q8_0 KV cache changes every cached number: its snapshots are under another key, and
+    speculation verifies against it as plain decoding reads it (same greedy tokens)."""
+    messages, snaps, notes, held = saved
+    base = Options(tiny.target_gguf, draft=tiny.draft_gguf, n_ctx=1024, n_threads=1,
+                   calibrate=False, personal=False, kv_type="q8_0")
+    spec, plain = Session(base), Session(replace(base, speculation=False))
+    try:
+        assert spec.model.kv_type == plain.model.kv_type == "q8_0"
+        assert snapshot_key(plain.model) != snaps.key
+        prompt = plain.chat_prompt(messages)
+        want = plain.run(prompt, max_tokens=MAX_TOKENS)
+        got = spec.run(prompt, max_tokens=MAX_TOKENS)
+        assert got.tokens == want.tokens and len(want.tokens) > 8
+        assert got.stats.drafted_tokens > 0
+    finally:
+        spec.close()
+        plain.close()
