@@ -18,7 +18,10 @@ CLEAR_LINE = "\r\x1b[K"   # back to the line's start, then erase it
 
 
 def measuring_text(what: str, step: int, total: int) -> str:
-    """'Measuring this machine (first run): target 4 rows, 3/12'."""
+    """'Measuring this machine (first run): target 4 rows, 3/12'; a step of no total is a wait
+    (engine/model_lock.py): 'Waiting for another localspec process measuring this model'."""
+    if not total:
+        return what[:1].upper() + what[1:]
     return f"Measuring this machine (first run): {what}, {step}/{total}"
 
 

@@ -23,11 +23,12 @@ for the target, are drafters/head_stage.py's).
 """
 from __future__ import annotations
 
+from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
-from .calibrate import Progress, calibrate, learnt_path, read_json
+from .calibrate import Progress, Step, calibrate, default_cache_dir, learnt_path, read_json
 from .costs import Costs
 from .config import TreeBudget
 from .decode import Engine
@@ -35,6 +36,7 @@ from .drafters import registry
 from .drafters.base import Drafter
 from .errors import LocalspecError
 from .llama_model import EXACT_MAX_ROWS, LlamaModel, gpu_offload_supported
+from .model_lock import measuring
 from .options import Options
 from .policy import make_policy
 from .target import Target
@@ -166,12 +168,15 @@ def load(options: Options, names: Sequence[str], *, measure: bool, refresh: bool
     parts = registry.Parts(None)   # the target goes in last, as its stages left it
     sat_out: dict[str, str] = {}
     curves: dict[tuple[str, ...], Costs] = {}
+    held = ExitStack()   # the model's measuring lock (model_lock.py), while its costs are measured
     try:
+        waited = measure and held.enter_context(measuring(model.path, default_cache_dir(), _waiting(progress)))
+        again = refresh and not waited   # a process waited for has just measured the model
         for name, kind in kinds.items():
-            got = kind.load(options, model, parts, remembered=measure and not refresh, progress=progress)
+            got = kind.load(options, model, parts, remembered=measure and not again, progress=progress)
             parts = _take(got, name, sat_out)
         need = _without_hidden(model, need, needs, sat_out)
-        costs = (calibrate(model, parts.gguf_draft, nodes, refresh=refresh, progress=progress)
+        costs = (calibrate(model, parts.gguf_draft, nodes, refresh=again, progress=progress)
                  if measure else None)
         while True:
             for name, kind in kinds.items():
@@ -186,14 +191,21 @@ def load(options: Options, names: Sequence[str], *, measure: bool, refresh: bool
             # the hidden states' only reader sat out: the run's costs are the target's without
             # them (cached apart), and the stages left settle again on those
             need = kept
-            costs = (calibrate(model, parts.gguf_draft, nodes, refresh=refresh, progress=progress)
+            costs = (calibrate(model, parts.gguf_draft, nodes, refresh=again, progress=progress)
                      if measure else None)
     except BaseException:
         parts.close()
         model.close()
         raise
+    finally:
+        held.close()
     parts = replace(parts, target=Target(model, hidden_tail=need.tail))
     return Loaded(options, model, parts, costs, sat_out, curves)
+
+
+def _waiting(progress: Progress | None) -> Callable[[str], None] | None:
+    """The measuring lock's wait, told as a step of no total (app/progress.py words it)."""
+    return None if progress is None else lambda what: progress(Step(what, 0, 0))
 
 
 def _take(got: registry.Settled, name: str, sat_out: dict[str, str]) -> registry.Parts:

@@ -1,0 +1,74 @@
+"""Hostile input, round two (issue 45): the shared machine. Two processes measuring one model.
+
+Two `calibrate --refresh` at once took 5 to 60 s each instead of 0.4 s and each kept what it
+measured under the other's load. A process that must measure a model now takes the model's lock
+(engine/model_lock.py): one that finds it held says so and waits, then uses the calibration just
+written; a holder killed with SIGKILL leaves no stale lock. Each case ends within RUN_S.
+"""
+from __future__ import annotations
+
+import os
+import pty
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from test_hostile_cli import CLI, RUN_S
+
+HOLD = """
+import sys, time
+from pathlib import Path
+from localspec.engine.calibrate import default_cache_dir
+from localspec.engine.model_lock import measuring
+with measuring(Path(sys.argv[1]), default_cache_dir()):
+    print("held", flush=True)
+    time.sleep(600)
+"""
+
+
+def _env(tmp_path: Path) -> dict:
+    return dict(os.environ, LOCALSPEC_DATA_DIR=str(tmp_path / "data"))
+
+
+def _calibrate(model: Path, env: dict, **popen) -> subprocess.Popen:
+    return subprocess.Popen([*CLI, "calibrate", "--refresh", "--model", str(model), "--ctx", "256",
+                             "--no-head"], env=env, **popen)
+
+
+def test_a_calibration_waits_for_another_process_measuring_and_says_so(tiny, tmp_path):
+    model = tmp_path / "model.gguf"
+    shutil.copyfile(tiny.target_gguf, model)
+    env = _env(tmp_path)
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(model)], env=env, stdout=subprocess.PIPE)
+    master, slave = pty.openpty()            # progress is shown on a terminal only
+    try:
+        assert holder.stdout.readline() == b"held\n"
+        proc = _calibrate(model, env, stdout=subprocess.PIPE, stderr=slave)
+        os.close(slave)
+        seen, deadline = b"", time.monotonic() + RUN_S
+        while b"Waiting for another localspec process measuring this model" not in seen:
+            assert time.monotonic() < deadline and proc.poll() is None, seen
+            seen += os.read(master, 4096)
+        time.sleep(1.0)
+        assert proc.poll() is None           # still waiting: nothing measured under the other's load
+        holder.send_signal(signal.SIGKILL)   # a killed holder's lock goes with it
+        out, _ = proc.communicate(timeout=RUN_S)
+        assert proc.returncode == 0 and b"target " in out, out
+    finally:
+        holder.kill()
+        holder.wait()
+        os.close(master)
+
+
+def test_two_calibrations_at_once_both_end(tiny, tmp_path):
+    model = tmp_path / "model.gguf"
+    shutil.copyfile(tiny.target_gguf, model)
+    env = _env(tmp_path)
+    procs = [_calibrate(model, env, stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]
+    for proc in procs:
+        out, err = proc.communicate(timeout=RUN_S)
+        assert proc.returncode == 0 and b"target " in out, err
+    assert list((tmp_path / "data" / "calibration" / "locks").iterdir())   # the lock file, never removed
