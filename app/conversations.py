@@ -4,7 +4,9 @@ as a chat with a code assistant goes. Each turn's reply is the model's own (the 
 back through the chat template), so what a turn costs before its first token is the whole
 conversation so far: where keeping the cache between turns pays.
 
-`conversation-long` attaches localspec's own source files, one a turn, the way `/file` does,
+The last conversation attaches one of localspec's source files (~2,000 tokens) and then asks short
+questions about it: a reopened code-assistant chat. `conversation-long` attaches localspec's own
+source files, one a turn, the way `/file` does,
 until the conversation passes ~16,000 tokens (`long_conversation`).
 """
 from __future__ import annotations
@@ -53,8 +55,27 @@ _LONG_ASK = "Here is {name}. Summarise what it does in a few sentences, then nam
 LONG_TOKENS = 16_000   # about where the long conversation's last prompt ends (the issue's length)
 
 
+# a code assistant's usual chat: one file attached (about 2,000 tokens with its first reply), then
+# short questions about it; its later turns are what reopening such a conversation costs
+_ATTACHED_FILE = "budget.py"
+_ATTACHED_ASK = ("Here is {name}. Explain in a few sentences what it decides and from which "
+                 "measurements.")
+_ATTACHED_FOLLOW_UPS = (
+    "Which of its functions would you test first, and why?",
+    "Write one pytest test for that function.",
+    "Is there a name in the file you would change? Say which and to what.",
+    "Summarise our conversation in three bullet points.",
+)
+
+
 def conversations(limit: int | None) -> list[tuple[str, list[str]]]:
-    return [(name, list(turns)) for name, turns in CONVERSATIONS[:limit]]
+    """CONVERSATIONS, then one that attaches a file (a code assistant's chat); `limit` caps how
+    many."""
+    code = resources.files("localspec.engine").joinpath(_ATTACHED_FILE).read_text(encoding="utf-8")
+    attached = (_ATTACHED_ASK.format(name=f"engine/{_ATTACHED_FILE}") + f"\n\n```python\n{code}```",
+                *_ATTACHED_FOLLOW_UPS)
+    every = [(name, list(turns)) for name, turns in CONVERSATIONS] + [("attached-file", list(attached))]
+    return every[:limit]
 
 
 def long_conversation(count_tokens, limit: int | None = None) -> list[tuple[str, list[str]]]:

@@ -225,6 +225,17 @@ def test_the_long_conversation_attaches_source_files_until_16k_tokens():
     assert all("```python" in t for t in turns)
 
 
+def test_the_last_conversation_attaches_a_source_file_then_asks_short_questions():
+    from localspec.app.conversations import CONVERSATIONS, conversations
+
+    every = conversations(None)
+    assert [name for name, _ in every[:-1]] == [name for name, _ in CONVERSATIONS]
+    name, turns = every[-1]
+    assert name == "attached-file" and "```python\n" in turns[0] and len(turns[0]) > 4000
+    assert all(len(turn) < 200 for turn in turns[1:]) and len(turns) == 5
+    assert conversations(3) == every[:3]
+
+
 def test_a_conversation_run_can_be_asked_for_alone(tiny):
     from localspec.app import bench_conversation
     from localspec.engine.errors import LocalspecError
