@@ -5,7 +5,8 @@ plans the round's tree; the stages grow it in the plan's order (policy.draft_ord
 selects the batch: the part worth verifying on this machine (prune.py), in its order and padding
 (shapes.py); the target verifies it in a single decode; the accepted path is walked (greedy or
 rejection sampling, verify.py), committed in the target's cache and emitted; every drafter is
-told what was committed and the policy what the batch accepted and the round cost. Plain decoding is the
+told what was committed, with what the target's batch computed for it (the Drafter protocol's
+states), and the policy what the batch accepted and the round cost. Plain decoding is the
 same loop with no stages: a tree of just the root, one token per call, so both modes share every
 line of the exact path.
 """
@@ -73,8 +74,9 @@ class Engine:
             self.target.reset()
         stats.context_size = self.target.model.n_ctx
         self.target.prefill(prompt[stats.reused_tokens:-1])
+        states = self.target.new_hidden()                 # what the batch hands the stages
         for d in self.stages:
-            d.begin(prompt)
+            d.begin(prompt, states)
         watch.lap("prefill")
         self.policy.begin()
         root = prompt[-1]
@@ -111,8 +113,9 @@ class Engine:
             sources += names
             stats.tokens = len(tokens)
             stats.drafted_tokens += min(len(walk.path), emitted)
+            states = self.target.new_hidden()
             for d in self.stages:
-                d.accept(new)
+                d.accept(new, states)
             self.policy.observe(batch, walk.path, new, sampling.greedy, watch.started + owed)
             watch.lap("observe")
             if reason:

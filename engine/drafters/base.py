@@ -2,21 +2,25 @@
 
 A drafter keeps its own view of the committed context (the prompt plus every accepted token):
 
-- ``begin(context)``: a new generation starts; ``context`` is every committed token, the last of
-  which is the tree root (not yet evaluated by the target).
+- ``begin(context, states)``: a new generation starts; ``context`` is every committed token, the
+  last of which is the tree root (not yet evaluated by the target).
 - ``propose(tree, stage, budget, sampling, rng)``: grow ``tree`` by at most ``budget`` nodes,
   tagging them with ``stage`` (the drafter's index in the stage list, for statistics). Greedy
   (``sampling.greedy``): children are the drafter's most likely tokens, added deterministically.
   Sampling: a drafter with a distribution q draws children from q without replacement (excluding
   tokens already among the siblings) and records q as each child's ``proposal``; a drafter
   without q (n-gram matching) adds deterministic children (``proposal=None``).
-- ``accept(tokens)``: ``tokens`` were committed after the previous root (accepted drafts plus the
-  target's own token); the new root is ``tokens[-1]``. Drafters roll their state forward here,
+- ``accept(tokens, states)``: ``tokens`` were committed after the previous root (accepted drafts
+  plus the target's own token); the new root is ``tokens[-1]``. Drafters roll their state forward here,
   or keep the tokens and roll forward in ``catch_up()``, which the engine calls before each
   propose and times apart: the round's arm is not charged for it (a stage owes it for the
   tokens of rounds it sat out, whichever arm runs it next). The personal
   n-gram stage learns its pending tokens there; the draft models and the head put the committed
   tokens they have not read, all but the root, into their caches there; Max-Gram does nothing.
+- ``states`` in both is how the target hands every stage what its last batch computed beyond the
+  logits: the final hidden states of the tokens it put in its cache (a prefill's tail; a verify's
+  root and accepted path), as ``(position of the first, [r, n_embd] rows)``, or None where no
+  stage asked for them (``stage.Needs.hidden``). A draft head reads them; the others ignore them.
 - ``cost_curve(costs)``: the measured costs with this drafter's own curve as the draft curve. A
   GGUF draft's is measured by calibrate.py beside the target's, so it and the free drafters
   return ``costs`` as they are; a PyTorch draft and a head time their own steps.
@@ -47,6 +51,10 @@ from ..tree import DraftTree
 if TYPE_CHECKING:
     from ..costs import Costs
 
+# What a target's batch hands the stages beside its logits (`Target.new_hidden`): (position of the
+# first token, [r, n_embd] final hidden states), or None without hidden states.
+States = tuple[int, np.ndarray] | None
+
 
 class Drafter(Protocol):
     name: str
@@ -55,12 +63,12 @@ class Drafter(Protocol):
     vocab_size: int | None
     limits: object        # DraftLimits for a neural drafter; its own limits type for the free ones
 
-    def begin(self, context: Sequence[int]) -> None: ...
+    def begin(self, context: Sequence[int], states: States = None) -> None: ...
 
     def propose(self, tree: DraftTree, stage: int, budget: int, sampling: SamplingParams,
                 rng: np.random.Generator) -> None: ...
 
-    def accept(self, tokens: Sequence[int]) -> None: ...
+    def accept(self, tokens: Sequence[int], states: States = None) -> None: ...
 
     def catch_up(self) -> None: ...
 

@@ -1,8 +1,8 @@
 """A draft head: one attention layer on the target's own hidden states, the cheapest neural drafter.
 
-The target hands back, next to its logits, the final hidden state of every row it decodes
-(`Target.new_hidden`): the prompt's last tokens after prefill, the root and accepted path after
-each verify. The head (head_net.py) keeps its own KV cache of (state, next token) pairs over a
+The target hands every stage, next to its logits, the final hidden states of the tokens it put
+in its cache (the Drafter protocol's `states`, base.py): the prompt's last tokens after prefill,
+the root and accepted path after each verify. The head (head_net.py) keeps its own KV cache of (state, next token) pairs over a
 window of the committed text, appended each round with the target's true states; a tree node's
 pair has its parent's predicted state and attends to that cache and to its own ancestors. A
 round costs one step for the new pairs (its last row is the root's: the first tree level) and
@@ -36,6 +36,7 @@ from ..config import DraftLimits, SamplingParams
 from ..distribution import Dist
 from ..errors import LocalspecError
 from ..tree import DraftTree
+from .base import States
 from .grow import GrowLimits, grow
 from .head_net import HeadNet, HeadShape, attend, shape_problem
 from .head_step import StepNet, attend_few
@@ -456,17 +457,16 @@ def head_costs(costs: Costs, head: DraftHead) -> Costs:
 class HeadDrafter:
     """A `Drafter` (and `grow`'s `TreeEvaluator`) on a `DraftHead` and the target's hidden states.
 
-    `source` is the Target: its `new_hidden()` (the states of the tokens its last prefill or
-    commit put in the cache) is read when a generation begins and after each commit, and queued
-    as pairs; a round's first step adds them to the head's cache, the last being the root's pair.
+    The target's `states` (base.py: those of the tokens its last prefill or commit put in the
+    cache), handed over when a generation begins and after each commit, are queued as pairs; a round's first step adds them to the head's cache, the last being the root's pair.
     Without the root's pair (a one-token prompt) the head sits the round out."""
 
     name = "head"
     uses_model = True
     copies = False
 
-    def __init__(self, head: DraftHead, source, limits: DraftLimits = DraftLimits()) -> None:
-        self.head, self.source, self.limits = head, source, limits
+    def __init__(self, head: DraftHead, limits: DraftLimits = DraftLimits()) -> None:
+        self.head, self.limits = head, limits
         self.vocab_size = head.vocab_size
         self._state: dict[int, torch.Tensor] = {}   # tree node -> its predicted state, this round
         self._sampling = SamplingParams()
@@ -477,19 +477,18 @@ class HeadDrafter:
         self._root_pos = -1
         self._anc = np.zeros((TREE, TREE), bool)        # node -> its tree ancestors and itself
 
-    def begin(self, context: Sequence[int]) -> None:
+    def begin(self, context: Sequence[int], states: States = None) -> None:
         self._slot_pos[:] = -1
         self._feats, self._toks, self._pos = [], [], []
         self._state.clear()
-        self._queue(context)
+        self._queue(context, states)
 
-    def accept(self, tokens: Sequence[int]) -> None:
-        """`tokens`: the accepted path and the next root; the target holds the states of the old
-        root and the path."""
-        self._queue(tokens)
+    def accept(self, tokens: Sequence[int], states: States = None) -> None:
+        """`tokens`: the accepted path and the next root; `states`: those of the old root and the
+        path."""
+        self._queue(tokens, states)
 
-    def _queue(self, after: Sequence[int]) -> None:
-        got = self.source.new_hidden()
+    def _queue(self, after: Sequence[int], got: States) -> None:
         if got is None:
             return
         start, states = got   # states [r, d] at positions start..; the token after each is in `after`

@@ -175,4 +175,4 @@ class HeadStage(StageKind):
 
     def make(self, parts: Parts):
         from .head import HeadDrafter         # torch is heavy: imported only when used
-        return HeadDrafter(parts.head, parts.target, parts.head_limits)
+        return HeadDrafter(parts.head, parts.head_limits)

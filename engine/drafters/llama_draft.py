@@ -29,6 +29,7 @@ from ..errors import LocalspecError
 from ..llama_model import LlamaModel
 from ..prefix import common_prefix
 from ..tree import DraftTree
+from .base import States
 from .grow import GrowLimits, grow
 
 if TYPE_CHECKING:
@@ -74,7 +75,7 @@ class LlamaDraft:
         return cls(model, limits, stable)
 
     # ---- Drafter protocol --------------------------------------------------------------------
-    def begin(self, context: Sequence[int]) -> None:
+    def begin(self, context: Sequence[int], states: States = None) -> None:
         if len(context) + 1 > self.model.n_ctx:
             raise LocalspecError("Prompt is longer than the draft's context",
                                  f"{len(context)} tokens, draft context {self.model.n_ctx}",
@@ -102,7 +103,7 @@ class LlamaDraft:
             self.rollback()
             raise
 
-    def accept(self, tokens: Sequence[int]) -> None:
+    def accept(self, tokens: Sequence[int], states: States = None) -> None:
         """Keep the evaluated part of the accepted path in the cache; drop the other tree nodes."""
         node, deepest = 0, 0
         tree = self._tree

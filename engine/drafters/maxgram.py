@@ -24,6 +24,7 @@ import numpy as np
 from ..config import SamplingParams
 from ..prefix import common_prefix
 from ..tree import DraftTree
+from .base import States
 
 if TYPE_CHECKING:
     from ..costs import Costs
@@ -55,7 +56,7 @@ class MaxGram:
         self._tokens: list[int] = []
         self._follow: dict[tuple[int, ...], list[int]] = {}  # n-gram -> positions right after it
 
-    def begin(self, context: Sequence[int]) -> None:
+    def begin(self, context: Sequence[int], states: States = None) -> None:
         """Keep the index of the part of the last context this one starts with (a conversation's
         next turn) and index the rest: a turn costs its new tokens, not the conversation's."""
         keep = common_prefix(self._tokens, context)
@@ -76,7 +77,7 @@ class MaxGram:
                     del follow[key]
         del toks[keep:]
 
-    def accept(self, tokens: Sequence[int]) -> None:
+    def accept(self, tokens: Sequence[int], states: States = None) -> None:
         toks, follow = self._tokens, self._follow
         min_n, max_n = self.limits.min_n, self.limits.max_n
         for token in tokens:

@@ -50,6 +50,7 @@ import numpy as np
 from ..config import SamplingParams
 from ..prefix import common_prefix
 from ..tree import DraftTree, prob_hint
+from .base import States
 
 if TYPE_CHECKING:
     from ..costs import Costs
@@ -139,7 +140,7 @@ class PersonalNgram:
         self._pending: list[int] = []   # committed, not learnt yet (learnt when next needed)
 
     # ---- Drafter protocol ---------------------------------------------------------------------
-    def begin(self, context: Sequence[int]) -> None:
+    def begin(self, context: Sequence[int], states: States = None) -> None:
         """Keep the session's counts of the part of the last context this one starts with (a
         conversation's next turn, or the same prompt again) and learn the rest: a turn costs its
         new tokens. A store that changed since drops only the merged counts built from it."""
@@ -179,7 +180,7 @@ class PersonalNgram:
         self._revision = revision
         return True
 
-    def accept(self, tokens: Sequence[int]) -> None:
+    def accept(self, tokens: Sequence[int], states: States = None) -> None:
         # Learnt when the drafter next proposes: it sits out every round whose arm does not run it
         # (plain rounds), and learning each of those rounds' tokens would cost a noticeable share
         # of a fast step (docs/decisions/0015).

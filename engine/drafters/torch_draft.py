@@ -30,6 +30,7 @@ from ..distribution import (  # same probe width as the target's processing
 from ..errors import LocalspecError
 from ..prefix import common_prefix
 from ..tree import DraftTree
+from .base import States
 from .grow import GrowLimits, grow
 
 if TYPE_CHECKING:
@@ -145,7 +146,7 @@ class TorchDraft:
 
     # -- Drafter -------------------------------------------------------------------------------
 
-    def begin(self, context: Sequence[int]) -> None:
+    def begin(self, context: Sequence[int], states: States = None) -> None:
         if not context:
             raise ValueError("a generation starts with at least one committed token (the root)")
         if len(context) > self.lm.max_len:
@@ -175,7 +176,7 @@ class TorchDraft:
         finally:
             self.rollback()
 
-    def accept(self, tokens: Sequence[int]) -> None:
+    def accept(self, tokens: Sequence[int], states: States = None) -> None:
         if len(tokens):
             self.context.extend(int(t) for t in tokens)  # cached at the next evaluate_root
             self._root_logits = None

@@ -443,22 +443,12 @@ def test_a_long_backlog_goes_in_by_store_and_drafts_as_before(tiny, tiny_head, m
     states = rng.standard_normal((n, 128)).astype(np.float32)
     toks = dh.vocab[rng.integers(0, len(dh.vocab), n)].tolist()
 
-    class Source:   # the target's states of the committed text, handed over once
-        def __init__(self):
-            self.given = False
-
-        def new_hidden(self):
-            if self.given:
-                return None
-            self.given = True
-            return 10, states
-
     def guesses(fold: int):
         monkeypatch.setattr(head_mod, "_FOLD", fold)
         dh.k.zero_()
         dh.v.zero_()
-        drafter = head_mod.HeadDrafter(dh, Source(), HEAD_LIMITS)
-        drafter.begin([0] * 10 + toks)
+        drafter = head_mod.HeadDrafter(dh, HEAD_LIMITS)
+        drafter.begin([0] * 10 + toks, (10, states))   # the target's states of the committed text
         stored = []
         monkeypatch.setattr(dh, "store", lambda *a, _s=dh.store: (stored.append(len(a[1])), _s(*a)))
         drafter.catch_up()
