@@ -32,6 +32,8 @@ from typing import Callable, Collection, Iterable, Iterator, Literal, Sequence
 
 import numpy as np
 
+from localspec.models.head_file import MAX_HEAD_BYTES
+
 Phase = Literal["reading", "generating", "training"]
 
 
@@ -353,6 +355,41 @@ def held_out_split(source: np.ndarray, chunk: np.ndarray, gen) -> tuple[np.ndarr
     return np.isin(group, held), held.size, f"{groups.size} {'files' if by_file else 'chunks of one file'}"
 
 
+
+# A checkpoint holds the head's float32 weights and Adam's two moments: three times the float32
+# head, six times the float16 file's arrays (models/head_file.MAX_HEAD_BYTES)
+MAX_CHECKPOINT_BYTES = 6 * MAX_HEAD_BYTES
+
+
+def _read_checkpoint(path: Path | None, dev, unusable: Callable[[str], None]) -> dict | None:
+    """A training checkpoint's saved state, or None where there is none or it cannot be used
+    (`unusable` is told why: it only saves steps, so training starts over)."""
+    import pickle
+
+    import torch
+
+    from localspec.models.own_files import Unreadable, open_regular
+
+    if path is None:
+        return None
+    try:
+        with open_regular(path) as fh:       # a regular file of bounded size only
+            size = os.fstat(fh.fileno()).st_size
+            if size > MAX_CHECKPOINT_BYTES:
+                raise Unreadable(path, f"is {size / 2**30:.1f} GiB, more than a head's training state")
+            saved = torch.load(fh, map_location=dev, weights_only=False)
+        if not isinstance(saved, dict):
+            raise ValueError("not a checkpoint of this trainer")
+        return saved
+    except FileNotFoundError:
+        return None
+    except Unreadable as err:
+        unusable(err.why)
+    except (OSError, RuntimeError, EOFError, ValueError, TypeError, pickle.UnpicklingError) as err:
+        unusable(f"{type(err).__name__}: {err}")
+    return None
+
+
 def train(corpus: Corpus, target_gguf: Path, out: Path, *, vocab_size: int = 8192,
           steps: int = 3000, batch: int = 32, length: int = 256, passes: int = 3, lr: float = 1e-3,
           feature_weight: float = 0.1, ff: int | None = None, noise: float = 0.0, taps: Sequence[int] = (),
@@ -503,8 +540,9 @@ def train(corpus: Corpus, target_gguf: Path, out: Path, *, vocab_size: int = 819
                 "draft_vocab": k, "shape": shape.to_json(), "seed": seed, "target_id": target_id,
                 "noise": noise}
     first = 0
-    if checkpoint is not None and checkpoint.exists():
-        saved = torch.load(checkpoint, map_location=dev, weights_only=False)
+    saved = _read_checkpoint(checkpoint, dev, lambda why: progress(Progress(
+        "training", first, steps, note=f"{checkpoint} cannot be resumed from ({why}): starting over")))
+    if saved is not None:
         if saved.get("settings") == settings:
             net.load_state_dict(saved["net"])
             opt.load_state_dict(saved["opt"])

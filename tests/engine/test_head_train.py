@@ -325,3 +325,21 @@ def test_backend_greedy_samplers_of_every_row_take_one_argmax(tiny, monkeypatch)
     log = "".join(lines)
     assert "greedy_argmax_all" in log
     assert log.count("ARGMAX") == 1   # not one argmax a row
+
+
+@pytest.mark.parametrize("damage", ["truncated", "fifo"])
+def test_a_checkpoint_that_cannot_be_read_is_said_and_training_starts_over(tiny, corpus, tmp_path, damage):
+    """Hostile input (issue 45): a checkpoint is read through models/own_files (a regular file of
+    bounded size); a damaged one only loses the steps it saved."""
+    import os
+
+    out, ckpt = tmp_path / "h.npz", tmp_path / "h.npz.ckpt"
+    if damage == "fifo":
+        os.mkfifo(ckpt)
+    else:
+        ckpt.write_bytes(b"PK\x03\x04" + b"\0" * 100)
+    events: list[Progress] = []
+    train(corpus, tiny.target_gguf, out, progress=events.append, steps=4, batch=4, length=32, vocab_size=64,
+          device="cpu", checkpoint=ckpt, checkpoint_every=10)
+    assert "cannot be resumed from" in events[0].note and "starting over" in events[0].note, events[0].note
+    assert events[1].done == 1 and out.exists()
