@@ -101,13 +101,20 @@ def check_out(out: Path) -> None:
                              fix) from None
 
 
+# what generate, the chat and serve run with a draft and no flags: Options' own budget and draft
+# limits (`bench --serve` compares the server with it); by name only, not in a default run
+DEFAULT = BenchConfig("default", ("maxgram", "ngram", "draft"), Options.budget, Options.draft_limits)
+
+
 def config(name: str) -> BenchConfig:
-    """A configuration by name: one of CONFIGS, "adaptive-N", the adaptive one with trees of at
-    most N nodes (to compare budgets side by side in one run), "head-N", the head alone with
+    """A configuration by name: one of CONFIGS, "default" (DEFAULT), "adaptive-N", the adaptive
+    one with trees of at most N nodes (to compare budgets side by side in one run), "head-N", the head alone with
     trees of N nodes (its acceptance at a tree size: issue 19 asks for it at 16), or
     "head-chain-N", the head alone drafting one chain of N tokens (one row a step)."""
     if name in CONFIGS:
         return CONFIGS[name]
+    if name == DEFAULT.name:
+        return DEFAULT
     m = re.fullmatch(r"head-chain-([0-9]+)", name)
     if m and 1 <= int(m.group(1)) <= 16:
         depth = int(m.group(1))
@@ -215,7 +222,7 @@ def run_bench(target: Path, draft: Path | None, prompts: Sequence[Prompt], names
               max_tokens: int, sampling: SamplingParams, n_ctx: int, store=None,
               progress: Callable[[str], None] = lambda s: None, check: bool = True,
               torch_draft: bool = False, head: Path | None = None, exact: bool = False,
-              n_threads: int | None = None) -> dict:
+              n_threads: int | None = None, beside: Callable[[Prompt], None] | None = None) -> dict:
     """Run every configuration on every prompt; the report. `store`: the n-gram store the "ngram"
     stage reads (configurations with that stage are skipped without one). `check`: HumanEval
     pass@1 for prompts that carry a problem. `torch_draft`: run the draft in PyTorch (a
@@ -223,7 +230,9 @@ def run_bench(target: Path, draft: Path | None, prompts: Sequence[Prompt], names
     `head`: a draft head for the "head" configurations (the target hands back its hidden states
     in those alone: the others run as they would without a head). `exact`: the target in batch-invariant
     numerics (plain too), where greedy configurations must match plain token for token.
-    `n_threads`: CPU threads for the models (None: every core this process may use)."""
+    `n_threads`: CPU threads for the models (None: every core this process may use).
+    `beside`: called with each prompt once every configuration has decoded it (`bench --serve`
+    sends it to its servers there, so they take turns with the configurations prompt by prompt)."""
     max_nodes = largest_tree(names)
     uses_head = head is not None and any("head" in config(n).stages for n in names)
     in_torch = draft_runs_in_torch(draft, torch_draft)
@@ -264,6 +273,8 @@ def run_bench(target: Path, draft: Path | None, prompts: Sequence[Prompt], names
                     results[name].add(gen, plain_tokens, gap)
             progress(f"[{i + 1}/{len(prompts)}] {prompt.name}  " + "  ".join(
                 f"{n} {r.tok_s:.1f}" for n, r in results.items()) + " tok/s")
+            if beside is not None:
+                beside(prompt)
         report = _report(results, target, draft, len(prompts), max_tokens, sampling,
                          time.time() - started, loaded.model)
         report["completions"] = [{"prompt": p.name, **{n: r.texts[i] for n, r in results.items()}}
@@ -398,7 +409,7 @@ def _report(results: dict[str, ConfigResult], target: Path, draft: Path | None, 
     return {"machine": {"cpu": platform.processor() or platform.machine(), "threads": model.n_threads,
                         "gpu_offload": gpu_offload_supported(), "gpu_layers": model.n_gpu_layers},
             "numerics": "exact" if model.exact else "fast",
-            "target": str(target), "draft": str(draft) if draft else None, "prompts": n,
+            "target": str(target), "draft": str(draft) if draft else None, "n_ctx": model.n_ctx, "prompts": n,
             "max_tokens": max_tokens, "temperature": sampling.temperature, "wall_seconds": round(wall, 1),
             "rows": rows}
 

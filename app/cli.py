@@ -185,7 +185,8 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
                         "plain,maxgram,ngram,draft-linear,draft-tree,staged,adaptive, adaptive-nomodel (Max-Gram and "
                         "n-grams only: the baseline of what a draft model or head adds), "
                         "head, adaptive-head, head-N (with --head; head-N: the head alone, trees of N nodes), "
-                        "adaptive-N (the adaptive budget with trees of at most N nodes)")
+                        "adaptive-N (the adaptive budget with trees of at most N nodes), "
+                        "default (what generate, chat and serve run with a draft)")
     p.add_argument("--learn", action="append", default=[], metavar="PATH",
                    help="build the n-gram stage from these files or folders (their *.py, *.md, *.txt) "
                         "in a scratch store for this run; default: your personal store")
@@ -197,6 +198,17 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
                    help="run the draft in PyTorch (CUDA graphs on a GPU); a .gguf draft is dequantised "
                         "(needs the gguf package), a transformers folder always runs in PyTorch")
     p.add_argument("--out", default="bench-out", help="folder for bench.json and bench.png")
+    p.add_argument("--serve", action="store_true",
+                   help="also send each prompt through /v1/chat/completions of a `localspec serve` started "
+                        "for the run, interleaved with the configurations: its tok/s at the client against "
+                        "the same engine's here (default, or adaptive-nomodel without --draft) and its first "
+                        "byte after the prefill (edit, chat, longchat; needs the serve extra)")
+    p.add_argument("--llama-server", metavar="PATH",
+                   help="with --serve: llama.cpp's llama-server binary; the same prompts through it too, "
+                        "once per --llama-server-modes")
+    p.add_argument("--llama-server-modes", default=None,
+                   help="with --llama-server, comma-separated (default: plain,ngram-simple,ngram-mod,"
+                        "spec-default; also ngram-map-k, and draft: --draft beside it)")
     p.set_defaults(run=cmd_bench)
 
 
@@ -230,6 +242,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
                  {"limit": within("--limit", 1), "learn_max_tokens": within("--learn-max-tokens", 1)})
     if not talks and "plain" not in names:
         names.insert(0, "plain")   # the baseline every speed-up and 'identical' refers to
+    via = None
+    if args.serve or args.llama_server or args.llama_server_modes:
+        from localspec.app import bench_serve
+
+        via = bench_serve.check(args)
+        if via.config not in names:   # the served engine's own configuration, beside it here
+            names.append(via.config)
 
     from .run_options import given, options_from_flags
 
@@ -254,11 +273,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 n_threads=options.n_threads, exact=options.exact, progress=progress)
         else:
             runner = bench
-            report = bench.run_bench(model, draft, prompts, names, options.max_tokens, options.sampling,
-                                     options.n_ctx,
-                                     store=store, check=not args.no_exec, torch_draft=args.torch_draft,
-                                     head=Path(args.head).expanduser() if args.head else None,
-                                     exact=options.exact, n_threads=options.n_threads, progress=progress)
+            beside = via and via.start(model, draft, options, Path(args.out), progress)
+            try:
+                report = bench.run_bench(model, draft, prompts, names, options.max_tokens, options.sampling,
+                                         options.n_ctx,
+                                         store=store, check=not args.no_exec, torch_draft=args.torch_draft,
+                                         head=Path(args.head).expanduser() if args.head else None,
+                                         exact=options.exact, n_threads=options.n_threads, progress=progress,
+                                         beside=beside and beside.ask)
+                if beside:
+                    bench_serve.add_to(report, beside, prompts)
+            finally:
+                if beside:
+                    beside.close()
     finally:
         store.close()
         if scratch:
@@ -266,6 +293,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     report["workload"] = args.workload
     report["ngram_source"] = learnt
     print(runner.format_table(report))
+    if "via_http" in report:
+        print(bench_serve.format_table(report["via_http"], report))
     for path in bench.write_outputs(report, Path(args.out), plot=not talks):
         print(f"wrote {path}")
     return 0

@@ -147,12 +147,15 @@ class Server:
         """Send a Token per round whose text is final (the tokens of rounds whose text is still
         held back travel with the next text, so a Token's pieces can be cut by token), then Done."""
         t0 = time.perf_counter()
+        first_text: list[float] = []   # seconds from t0 to the first Token with text sent
         pending_tokens: list[int] = []
         pending_sources: list[str] = []
 
         def flush(text: str) -> None:
             pieces = split_by_source(text, pending_tokens, self.session.model.piece)
             self.send(Token(rid, text, list(pending_tokens), list(pending_sources), pieces))
+            if text and not first_text:
+                first_text.append(time.perf_counter() - t0)
             pending_tokens.clear()
             pending_sources.clear()
 
@@ -172,6 +175,9 @@ class Server:
                         flush("")
                     stats = stats_dict(result.stats)
                     stats["wall_seconds"] = round(time.perf_counter() - t0, 4)
+                    # the first text's time beside the prefill's (stats' seconds): what came
+                    # between the prefill's end and the first text, inside the engine
+                    stats["first_text_seconds"] = round(first_text[0], 4) if first_text else None
                     stats["dropped_messages"] = self._dropped
                     self.send(Done(rid, result.finish_reason, result.text, stats))
 

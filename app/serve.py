@@ -67,7 +67,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from .run_options import given
 
     flags = given(args)
-    _need_server_packages()
+    need_server_packages()
     key = args.api_key if args.api_key is not None else os.environ.get(KEY_VAR) or None
     _check_serve_flags(args, key)
     run, options = settings_run(flags)
@@ -95,7 +95,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _need_server_packages() -> None:
+def need_server_packages() -> None:
     try:
         import fastapi  # noqa: F401
         import uvicorn  # noqa: F401

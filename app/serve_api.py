@@ -274,12 +274,16 @@ def chunk(kind: str, rid: str, model: str, created: int, *, text: str | None = N
 
 def summary(stats: dict) -> dict:
     """The speculation statistics a response carries: tokens, target calls, tokens per call,
-    tok/s, the prompt and what of it the cache kept, and per drafter accepted/proposed."""
+    tok/s, the prompt and what of it the cache kept, the engine's prefill and its first text
+    (seconds from the engine's start on the prompt's tokens: a client's time to the first byte
+    less the prefill is what came after the prefill's end), and per drafter accepted/proposed."""
     return {"tokens": stats.get("tokens", 0), "target_calls": stats.get("target_calls", 0),
             "tokens_per_call": stats.get("tokens_per_call", 0.0),
             "tokens_per_second": stats.get("tokens_per_second", 0.0),
             "prompt_tokens": stats.get("prompt_tokens", 0), "reused_tokens": stats.get("reused_tokens", 0),
             "wall_seconds": stats.get("wall_seconds", 0.0),
+            "prefill_seconds": stats.get("seconds", {}).get("prefill", 0.0),
+            "first_text_seconds": stats.get("first_text_seconds"),
             "accepted": {s["name"]: f"{s['accepted']}/{s['proposed']}" for s in stats.get("stages", [])}}
 
 

@@ -33,6 +33,8 @@ class Prompt:
     name: str
     tokens: tuple[int, ...]
     problem: dict | None = None    # humaneval: the problem, whose tests give pass@1
+    messages: tuple[dict, ...] | None = None   # edit, chat, longchat: the chat the tokens render
+                                               # (what `bench --serve` sends over HTTP)
 
 
 def humaneval_problems() -> list[dict]:
@@ -59,7 +61,8 @@ def build(workload: str, limit: int | None, raw: Callable[[str], list[int]],
         for i, p in enumerate(problems):
             code = p["prompt"] + p["canonical_solution"]
             msg = f"{EDITS[i % len(EDITS)]}\n\n```python\n{code}```"
-            out.append(Prompt(p["task_id"], tuple(chat([{"role": "user", "content": msg}]))))
+            messages = ({"role": "user", "content": msg},)
+            out.append(Prompt(p["task_id"], tuple(chat(list(messages))), messages=messages))
         return out
     if workload in ("chat", "longchat"):
         out = []
@@ -68,7 +71,7 @@ def build(workload: str, limit: int | None, raw: Callable[[str], list[int]],
             shown = [every[(i + j) % len(every)] for j in range(5, 0, -1)] if workload == "longchat" else []
             turns = [t for q in [*shown, p] for t in _discussed(q)]
             turns.append({"role": "user", "content": "Show the code again with one improvement, in full."})
-            out.append(Prompt(p["task_id"], tuple(chat(turns))))
+            out.append(Prompt(p["task_id"], tuple(chat(turns)), messages=tuple(turns)))
         return out
     raise LocalspecError("Unknown workload", f"'{workload}'", "Use humaneval, edit, chat, longchat or newcode")
 

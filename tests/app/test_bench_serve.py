@@ -1,0 +1,67 @@
+"""`localspec bench --serve` on the tiny pair: bench's prompts through a real `localspec serve`
+beside bench's own run (issue 44's side-by-side).
+
+What they hold: the served engine is bench's "default" configuration (the same drafters, the
+same greedy text); every reply has its client-side figures and the server's prefill, so the
+first byte after the prefill is measured, and the engine's share of it is within it; the texts
+land in completions.json beside bench's; flags that cannot be compared are refused before
+anything loads, each naming the fix.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+CLI = [sys.executable, "-m", "localspec.app.cli", "bench"]
+
+
+def test_bench_serve_runs_the_servers_engine_beside_the_same_configuration(tiny, tmp_path):
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [*CLI, "--model", str(tiny.target_gguf), "--draft", str(tiny.draft_gguf), "--workload", "chat",
+         "--limit", "2", "--max-tokens", "24", "--ctx", "2048", "--configs", "plain", "--threads", "1",
+         "--serve", "--out", str(out)],
+        capture_output=True, text=True, timeout=900, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "through the HTTP API" in proc.stdout and "localspec serve" in proc.stdout
+    report = json.loads((out / "bench.json").read_text())
+    assert [r["config"] for r in report["rows"]] == ["plain", "default"]   # the served engine's, added
+    via = report["via_http"]
+    (served,) = via["rows"]
+    assert served["side"] == "localspec serve" and served["bench_config"] == "default"
+    assert via["n_ctx"] == report["n_ctx"] == 2048
+    assert served["same_text_as_bench"] == "2/2"            # greedy: the same engine, the same text
+    assert served["tokens"] == next(r["tokens"] for r in report["rows"] if r["config"] == "default")
+    assert served["tok_s"] > 0 and served["vs_bench"] > 0 and served["speedup"] > 0
+    first, engine = served["first_byte_after_prefill_ms"], served["engine_first_text_after_prefill_ms"]
+    assert len(first["each"]) == len(engine["each"]) == 2
+    # the engine's share (its first round, text held back) is part of what the client waited
+    assert all(0 <= e <= f for e, f in zip(engine["each"], first["each"]))
+    for row in via["prompts"]:
+        stats = row["localspec serve"]["stats"]
+        assert stats["prefill_seconds"] > 0 and stats["first_text_seconds"] >= stats["prefill_seconds"]
+        assert set(stats["accepted"]) == {"maxgram", "personal-ngram", "gguf-draft"}
+    texts = json.loads((out / "completions.json").read_text())
+    assert all(t["localspec serve"] == t["default"] for t in texts)
+    assert "POST /v1/chat/completions 200" in (out / "serve.log").read_text()
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--serve", "--workload", "humaneval"], "Use --workload edit, chat or longchat"),
+    (["--serve", "--workload", "edit", "--learn", "."], "Leave out --learn"),
+    (["--llama-server", "/bin/sh", "--workload", "edit"], "Add --serve"),
+    (["--serve", "--workload", "edit", "--llama-server", "/nonexistent/llama-server"], "server binary"),
+    (["--serve", "--workload", "edit", "--llama-server", "/bin/sh", "--llama-server-modes", "plain,eagle"],
+     "Choose from plain, ngram-simple"),
+    (["--serve", "--workload", "edit", "--llama-server", "/bin/sh", "--llama-server-modes", "draft"],
+     "draft needs --draft"),
+])
+def test_bench_serve_refuses_what_it_cannot_compare_naming_the_fix(tiny, tmp_path, flags, says):
+    proc = subprocess.run([*CLI, "--model", str(tiny.target_gguf), *flags, "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and says in proc.stderr, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and not (tmp_path / "out").exists()
