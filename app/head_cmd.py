@@ -28,8 +28,8 @@ _PROMPT, _GEN = 256, 256
 # tokens a decode of the prompts' prefill takes. Each sequence has a KV stream of its own, and
 # llama.cpp splits such a decode into ubatches holding as many tokens of each sequence as the
 # shortest has: 512-token decodes of 256-token prompts run as several small ubatches. A GPU
-# prefills 1.9x faster in 4096-token decodes; a CPU gains nothing and holds a larger compute
-# buffer (docs/decisions/0038)
+# prefills faster in 4096-token decodes; a CPU gains nothing and holds a larger compute buffer
+# (docs/decisions/0038)
 _PREFILL_BATCH_GPU, _PREFILL_BATCH_CPU = 4096, 512
 
 

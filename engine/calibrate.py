@@ -61,15 +61,13 @@ TILED_FROM = 8        # ggml's own floor for its tiled K-quant matmul (packaging
 MULTICOL_GAIN = 0.95
 # the most batch rows packaging/patches' multi-column kernels take on a CPU (the patch ships 16):
 # more than any tree, so that the measured tiled floor alone decides where ggml's tiled matmul
-# takes over. With the shipped 16, rows 17 up to the floor went one column at a time through
-# ggml's vec_dot, and the floor was measured against that: on a Zen 4 EPYC ggml's paths took
-# 18-30% longer than the kernels at 17-48 rows (docs/decisions/0037)
+# takes over: with the shipped 16, rows 17 up to the floor would go one column at a time through
+# ggml's vec_dot, slower than the kernels, and the floor would be measured against that (0037)
 MULTICOL_WIDEST = 64
 # On a GPU with packaging/patches each batch width up to CUDA_WIDEST is served by the path that was
 # cheapest for it with the loaded model: ggml's own dispatch (its mat-vec up to 8 rows, mul_mat_q
 # from 9), the multi-column tensor-core kernels, or mul_mat_q where ggml would take its mat-vec.
-# No one crossover holds: the kernels beat mul_mat_q at 9-16 rows on the 1.5B reference and lost
-# to it there on a 32B shape (docs/decisions/0044). Each path is one setting of
+# No one crossover holds across models' shapes, so each width is measured (docs/decisions/0044). Each path is one setting of
 # the switches with every width it can take on it; a width is timed on each.
 CUDA_WIDEST = 16                      # the widest batch the kernels (and the switches' masks) take
 _ALL_WIDTHS = (1 << CUDA_WIDEST) - 1

@@ -83,8 +83,8 @@ class Costs:
         """A change of batch shape costs less than a plain step: then a GPU's batches can take
         whatever size a round needs instead of one padded size (llama.cpp built with
         packaging/patches keeps a CUDA graph per shape, well under a plain step; as shipped a
-        change costs more than one). A stricter threshold sent a patched GPU to padded, held
-        rounds and lost Max-Gram's gain (docs/decisions/0004)."""
+        change costs more than one). A stricter threshold would send a patched GPU to padded,
+        held rounds, losing Max-Gram's gain (docs/decisions/0004)."""
         return self.switch <= self.target_cost(1)
 
     def draft_cost(self, n: int) -> float:

@@ -436,7 +436,7 @@ class LlamaModel(HiddenStates):
         """Free what llama.cpp allocated; again (`__del__` at exit) frees nothing twice. Each
         handle is let go of before it is freed: a Ctrl+C can land between any two lines here (a
         dropped one is raised again shortly after, app/exits.py), and a handle freed but still
-        held was freed again at exit ("double free or corruption"); one let go of but not
+        held would be freed again at exit ("double free or corruption"); one let go of but not
         freed only leaks until the process ends."""
         self._free_context()
         model, self._model = getattr(self, "_model", None), None

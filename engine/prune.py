@@ -84,7 +84,7 @@ class AcceptanceModel:
         parent = tree.parent[:n].tolist()
         probs = [1.0] * n
         for i in range(1, n):                 # parents come first: one pass (over lists: a
-            probs[i] = probs[parent[i]] * local[i]   # numpy scalar costs ~10x a float here)
+            probs[i] = probs[parent[i]] * local[i]   # numpy scalar costs far more than a float)
         return np.array(probs)
 
     def _count(self, tree: DraftTree, nodes: list[int], hits: list[bool]) -> None:

@@ -15,7 +15,7 @@ ARM_DECAY = 0.98
 # Rounds between probes of an arm as good as the best, times the square of how far it trails (0009).
 EXPLORE_EVERY = 64
 # The same while a model arm leads, for an arm without models: its probes cost no draft catch-up,
-# and a stale estimate of the free arm kept a GPU on a draft arm where Max-Gram was faster (0009).
+# and a stale estimate of the free arm would keep the draft arm on where the free one is faster (0009).
 CHEAP_EVERY = 8
 # Rounds in a row a probe of an arm without models plays: one free round says little (0009).
 PROBE_ROUNDS = 4
