@@ -44,7 +44,7 @@ from .llama_model import LlamaModel, exact_in_process
 # its tiled kernel, a step that interpolating from 8 to 12 would hide (docs/decisions/0002)
 SIZES = (1, 2, 3, 4, 5, 6, 8, 9, 12, 16, 24, 32)
 DRAFT_SIZES = (1, 2, 4, 8)
-MAX_AGE = 30 * 24 * 3600   # seconds a cached measurement is trusted (drivers and builds change)
+MAX_AGE = 30 * 24 * 3600   # seconds a cached measurement is trusted: drivers and builds change (0001)
 _CONTEXT = 64         # tokens before the measured batch
 _REPS = 5
 # how a measurement is taken: a change re-measures cached curves. Decodes are timed without
@@ -53,7 +53,7 @@ _REPS = 5
 _METHOD = "v1"
 _BURST = 4            # decodes in a row per size on a GPU: llama.cpp replays a CUDA graph from the third
 _SWITCH_PAIRS = 8     # round trips timed to price a change of batch shape
-TILED_FROM = 8        # ggml's own floor for its tiled K-quant matmul (packaging/patches lets us move it)
+TILED_FROM = 8        # ggml's own floor for its tiled K-quant matmul (packaging/patches moves it, 0005)
 # one-row decodes go on packaging/patches' multi-column kernels only when they take less than this
 # fraction of a one-row decode on ggml's kernels: a smaller gain is within what two identical
 # settings differ by at one row, and a machine where the kernels gain nothing there keeps ggml's

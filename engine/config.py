@@ -44,17 +44,17 @@ class TreeBudget:
     def arms(self, with_models: bool = True, pruned: bool = False,
              with_free: bool = True) -> tuple[Arm, ...]:
         """Fixed: the one tree size. Adaptive: plain, free drafters alone, and all drafters, at a
-        few sizes up to max_nodes (the model drafters at most 16: deeper guesses of a neural draft
-        cost a forward each). pruned: each round keeps only the nodes that pay (prune.py), which
+        few sizes up to max_nodes (the model drafters at `tuning.MODEL_ARM_NODES`). pruned: each round keeps only the nodes that pay (prune.py), which
         picks the free drafters' size round by round, so they get one arm, the largest, and it
         stands in for plain decoding: a round whose guesses do not pay is pruned to its root, a
         plain step, so there is no plain arm beside it (a held one kept speculation off for whole
         stretches, also where a long Max-Gram match would have paid)."""
+        from . import tuning
         from .budget import Arm
 
         if not self.adaptive or self.max_nodes <= 0:
             return (Arm(self.max_nodes),)
-        sizes = sorted({n for n in (4, 8) if n < self.max_nodes} | {min(self.max_nodes, 16)})
+        sizes = sorted({min(n, self.max_nodes) for n in tuning.MODEL_ARM_NODES})
         full = tuple(Arm(n) for n in sizes) if with_models else ()
         if not with_free:
             return (Arm(0), *full)

@@ -127,8 +127,8 @@ def _top_in_columns(row: np.ndarray, maxima: np.ndarray, k: int) -> np.ndarray:
 
 _above = np.empty(0, bool)         # _top_in_columns' comparison buffer, reused
 _scratch = np.empty(0, np.float32)   # top_dist's softmax buffer, reused: one per process
-_GROUPS = 256      # top_dist splits the row into this many interleaved groups
-_MARGIN = 12.0     # softmax sum over the columns whose max lies within this of the row's max
+_GROUPS = 256      # top_dist splits the row into this many interleaved groups (0016)
+_MARGIN = 12.0     # softmax sum over the columns whose max lies within this of the row's max (0016)
 
 
 def top_dist(row: np.ndarray, k: int) -> Dist:

@@ -18,7 +18,7 @@ import numpy as np
 
 from .distribution import Dist
 
-HINTS = 8   # confidence classes a drafter may tag its nodes with (prune.AcceptanceModel)
+HINTS = 8   # confidence classes a drafter may tag its nodes with (prune.AcceptanceModel, 0020)
 _PROB_EDGES = (0.05, 0.1, 0.2, 0.35, 0.5, 0.7, 0.9)
 
 

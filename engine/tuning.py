@@ -54,7 +54,11 @@ HOLD = 16
 # size only after two calls of it, so sizes must be few (0008).
 BUCKET_SIZES = (2, 4, 8, 16, 32)
 
-# --- which arms and stages there are (costs.py, policy.py, drafters/head_stage.py) -------------------
+# --- which arms and stages there are (config.py, costs.py, policy.py, drafters/head_stage.py) --------
+# The tree sizes of the model drafters' arms, each capped at the run's largest tree: few, so each
+# is measured often, and none past 16, where a neural draft's deeper guesses cost a forward each
+# (no record of its own: the arms that 0001's calibration and 0009's bandit weigh).
+MODEL_ARM_NODES = (4, 8, 16)
 # Per-token acceptance assumed when asking whether an arm could ever beat plain decoding (0001).
 OPTIMISTIC = 0.9
 # A model drafter whose one-row step costs at most this share of the target's runs with the free
