@@ -5,9 +5,10 @@ when loaded into a process that already holds llama.cpp's CUDA libraries on the 
 """
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
+
+from localspec.models.own_files import Unreadable, read_json
 
 
 def plot(report: dict, png: Path) -> None:
@@ -37,7 +38,12 @@ def main(argv: list[str]) -> int:
     except ImportError:
         print("matplotlib is not installed: pip install -e '.[bench]' for the PNG plot", file=sys.stderr)
         return 3
-    plot(json.loads(Path(argv[0]).read_text()), Path(argv[1]))
+    try:    # the bench.json this run wrote: its figures and traces, megabytes at most
+        report = read_json(Path(argv[0]), 256 << 20)
+    except (Unreadable, FileNotFoundError) as err:
+        print(f"cannot plot: {err}", file=sys.stderr)
+        return 2
+    plot(report, Path(argv[1]))
     return 0
 
 

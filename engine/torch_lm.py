@@ -161,7 +161,7 @@ def load_causal_lm(path: Path, dtype: torch.dtype) -> PreTrainedModel:
             raise LocalspecError("Could not load the draft model", f"{err.title}: {err.cause}",
                                  err.fix) from None
     else:
-        if not (path / "config.json").is_file():
+        if not (path / "config.json").exists():     # anything else there: read_config says what
             raise LocalspecError("Not a draft model folder", f"{path} has no config.json",
                                  "Pass the folder holding the model's config.json and *.safetensors "
                                  "(as downloaded from Hugging Face), or a .gguf file")

@@ -9,7 +9,6 @@ localspec will try to load a model.
 """
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -18,6 +17,8 @@ from pathlib import Path
 
 from localspec.models.errors import LocalspecError
 from localspec.models.gguf_file import GGUFInfo, read_gguf
+from localspec.models.own_files import Unreadable, read_json
+from localspec.models.safetensors_file import MAX_CONFIG
 
 CONTEXT = 4096          # tokens: the estimate's context (the CLI's default --ctx)
 KV_BYTES = 2            # f16 keys and values, llama.cpp's default cache type
@@ -115,10 +116,10 @@ def need_bytes(models: list) -> int | None:
     for model in models:
         try:
             if model.kind == "torch":
-                kv = torch_kv_cache_bytes(json.loads((model.path / "config.json").read_text()))
+                kv = torch_kv_cache_bytes(read_json(model.path / "config.json", MAX_CONFIG))
             else:
                 kv = kv_cache_bytes(read_gguf(model.path, require_vocab=False))
-        except (LocalspecError, OSError, ValueError):
+        except (LocalspecError, OSError, ValueError, Unreadable):
             return None
         if kv is None:
             return None

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 
 from localspec.models.errors import LocalspecError
+from localspec.models.own_files import Unreadable, open_regular, read_json
 
 # A header lists a few hundred bytes per tensor: 16 MiB is tens of thousands of tensors, far more
 # than any draft model has, and small enough to parse at once.
@@ -61,8 +63,12 @@ def _refuse(title: str, cause: str, fix: str = _FIX) -> LocalspecError:
 
 def read_header(path: Path) -> dict[str, Tensor]:
     """The tensors a safetensors file holds, each byte range checked against the file's size."""
-    size = path.stat().st_size
-    with path.open("rb") as fh:
+    try:
+        fh = open_regular(path)          # a regular file only: a FIFO would block the read
+    except Unreadable as err:
+        raise _refuse("Draft weights are not a safetensors file", str(err)) from None
+    with fh:
+        size = os.fstat(fh.fileno()).st_size
         prefix = fh.read(8)
         if len(prefix) < 8:
             raise _refuse("Draft weights are truncated", f"{path}: {size} bytes, not even a header")
@@ -107,11 +113,8 @@ def _tensor(path: Path, name: str, entry: object, data: int) -> Tensor:
 
 def read_config(folder: Path) -> DraftShape:
     path = folder / "config.json"
-    if path.stat().st_size > MAX_CONFIG:
-        raise _refuse("The draft's config.json is unusable",
-                      f"{path}: {path.stat().st_size} bytes, more than a config ({MAX_CONFIG >> 10} KiB)")
     try:
-        config = json.loads(path.read_bytes())
+        config = read_json(path, MAX_CONFIG)
         if not isinstance(config, dict):
             raise TypeError(f"a JSON {type(config).__name__}, not an object")
         sizes = {key: config[key] for key in ("vocab_size", "hidden_size", "num_hidden_layers",
@@ -125,7 +128,9 @@ def read_config(folder: Path) -> DraftShape:
             raise ValueError(f"head_dim is {head_dim!r}")
     except KeyError as err:
         raise _refuse("The draft's config.json is unusable", f"{path} has no {err}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError, TypeError, ValueError) as err:
+    except Unreadable as err:
+        raise _refuse("The draft's config.json is unusable", str(err)) from None
+    except (TypeError, ValueError) as err:
         raise _refuse("The draft's config.json is unusable", f"{path}: {err!s:.300}") from None
     return DraftShape(model_type=str(config.get("model_type")), head_dim=head_dim,
                       tie_word_embeddings=bool(config.get("tie_word_embeddings")),
@@ -135,22 +140,19 @@ def read_config(folder: Path) -> DraftShape:
 def weight_files(folder: Path) -> list[Path]:
     """The safetensors files transformers would read: the index's, else model.safetensors."""
     index = folder / INDEX
-    if index.is_file():
-        if index.stat().st_size > MAX_HEADER:   # one line per tensor, like a header
-            raise _refuse("Draft weights index is unusable",
-                          f"{index}: {index.stat().st_size} bytes, more than an index "
-                          f"({MAX_HEADER >> 20} MiB)")
-        try:
-            names = sorted(set(json.loads(index.read_bytes())["weight_map"].values()))
+    if index.exists():
+        try:                                    # one line per tensor, like a header
+            names = sorted(set(read_json(index, MAX_HEADER)["weight_map"].values()))
             if not all(isinstance(n, str) and "/" not in n for n in names):
                 raise ValueError("a weight file name that is not a file in the folder")
-        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError, KeyError, TypeError, ValueError,
-                AttributeError) as err:
+        except Unreadable as err:
+            raise _refuse("Draft weights index is unusable", str(err)) from None
+        except (KeyError, TypeError, ValueError, AttributeError) as err:
             raise _refuse("Draft weights index is unusable", f"{index}: {err!s:.300}") from None
     else:
         names = [SINGLE]
     files = [folder / n for n in names]
-    missing = [f.name for f in files if not f.is_file()]
+    missing = [f.name for f in files if not f.exists()]    # anything else: read_header says what
     if missing:
         raise _refuse("Draft weights are missing", f"{folder} has no {', '.join(missing[:3])}")
     return files

@@ -17,12 +17,17 @@ from typing import Iterable
 
 from localspec.models.errors import LocalspecError
 from localspec.models.gguf_file import token_texts
+from localspec.models.own_files import Unreadable, read_bytes, read_json
 from localspec.models.safetensors_file import MAX_CONFIG
 
 WANTED = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
           "special_tokens_map.json", "vocab.json", "merges.txt", "added_tokens.json",
           "chat_template.jinja", "model.safetensors.index.json")
 _FIX = "Use the draft of the target's model family (same tokenizer), or pull without --torch-draft"
+_CONFIG_FIX = "Pick a transformers model repo or folder (config.json with vocab_size, safetensors weights)"
+_TOKENIZER_FIX = "Pick a transformers model repo or folder with a tokenizer.json"
+# a tokenizer.json: a few MiB for a 150k-token vocabulary with its merges; the largest known ~35 MiB
+MAX_TOKENIZER = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -50,9 +55,7 @@ def config_vocab_size(raw: bytes, label: str) -> int:
         return int(config["vocab_size"])
     except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError,
             RecursionError) as err:   # RecursionError: JSON nested deeper than Python's stack
-        raise LocalspecError("The draft's config.json is unusable", f"{label}: {err!r}",
-                             "Pick a transformers model repo or folder (config.json with "
-                             "vocab_size, safetensors weights)") from None
+        raise LocalspecError("The draft's config.json is unusable", f"{label}: {err!r}", _CONFIG_FIX) from None
 
 
 def check_against(target: Path, files: dict[str, Path], target_name: str,
@@ -62,8 +65,10 @@ def check_against(target: Path, files: dict[str, Path], target_name: str,
     if "config.json" not in files or not any(n.endswith(".safetensors") for n in files):
         raise LocalspecError("Not a transformers draft", f"'{draft_name}' has no config.json or "
                              "no .safetensors weights", "Pick a transformers model repo or folder")
-    with open(files["config.json"], "rb") as config:
-        config_raw = config.read(MAX_CONFIG + 1)   # a larger one is refused, not read whole
+    try:                                             # a regular file, a larger one refused unread
+        config_raw = read_bytes(files["config.json"], MAX_CONFIG)
+    except Unreadable as err:
+        raise LocalspecError("The draft's config.json is unusable", str(err), _CONFIG_FIX) from None
     vocab_size = config_vocab_size(config_raw, f"{draft_name}/config.json")
     tokens = token_texts(target)
     if vocab_size != len(tokens):
@@ -81,15 +86,16 @@ def check_against(target: Path, files: dict[str, Path], target_name: str,
 def _compare_token_texts(tokens: list[str], tokenizer: Path, target_name: str,
                          draft_name: str) -> None:
     try:
-        spec = json.loads(tokenizer.read_bytes())
+        spec = read_json(tokenizer, MAX_TOKENIZER)
         vocab = spec["model"]["vocab"]
         pairs = list(vocab.items()) if isinstance(vocab, dict) else [
             (entry[0], i) for i, entry in enumerate(vocab)]          # Unigram: [[text, score]]
         pairs += [(t["content"], t["id"]) for t in spec.get("added_tokens", [])]
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, IndexError) as err:
+    except Unreadable as err:
+        raise LocalspecError("The draft's tokenizer.json is unusable", str(err), _TOKENIZER_FIX) from None
+    except (KeyError, TypeError, IndexError, AttributeError) as err:
         raise LocalspecError("The draft's tokenizer.json is unusable",
-                             f"{draft_name}/tokenizer.json: {err!r}",
-                             "Pick a transformers model repo or folder with a tokenizer.json") from None
+                             f"{draft_name}/tokenizer.json: {err!r}", _TOKENIZER_FIX) from None
     for text, token_id in sorted(pairs, key=lambda pair: pair[1]):
         theirs = tokens[token_id] if 0 <= token_id < len(tokens) else None
         if theirs != text:

@@ -13,6 +13,7 @@ raise by more than `GROWTH_MB` (a 10^9-wide hidden layer alone would be gigabyte
 from __future__ import annotations
 
 import json
+import os
 import resource
 import shutil
 import struct
@@ -77,6 +78,11 @@ def _sparse(path: Path, size: int) -> None:
         fh.truncate(size)      # nothing written: the size is what counts
 
 
+def _replace(path: Path, make: Callable[[Path], None]) -> None:
+    path.unlink()
+    make(path)
+
+
 def _index_names_missing_shard(folder: Path) -> None:
     (folder / "model.safetensors.index.json").write_text(json.dumps(
         {"weight_map": {"model.embed_tokens.weight": "model-00001-of-00002.safetensors",
@@ -107,7 +113,13 @@ CASES: dict[str, tuple[Callable[[Path], None], str]] = {
     "config-negative-layers": (lambda f: _config(f, num_hidden_layers=-2), "not a positive integer"),
     "config-string-vocab": (lambda f: _config(f, vocab_size="512"), "not a positive integer"),
     "config-huge-config": (lambda f: (f / "config.json").write_bytes(b" " * (2 << 20) + b"{}"),
-                           "more than a config"),
+                           "a file of this kind is at most 1.0 MiB"),
+    # issue 45: read through models/own_files, a regular file only (a FIFO hung, /dev/zero grew)
+    "config-a-fifo": (lambda f: _replace(f / "config.json", os.mkfifo), "is a FIFO (named pipe)"),
+    "config-dev-zero": (lambda f: _replace(f / "config.json", lambda p: p.symlink_to("/dev/zero")),
+                        "is a character device"),
+    "safetensors-a-fifo": (lambda f: _replace(f / "model.safetensors", os.mkfifo), "is a FIFO (named pipe)"),
+    "index-a-fifo": (lambda f: os.mkfifo(f / "model.safetensors.index.json"), "is a FIFO (named pipe)"),
     "hidden-size-1e9": (lambda f: _config(f, hidden_size=10**9), "do not match config.json"),
     "vocab-1e12": (lambda f: _config(f, vocab_size=10**12), "do not match config.json"),
     # without layer_types, which transformers would check: it then builds 10^6 layers (minutes, GBs)
@@ -123,7 +135,8 @@ CASES: dict[str, tuple[Callable[[Path], None], str]] = {
     "tensor-range-lies": (_tensor_range_lies, "model.embed_tokens.weight"),
     "weights-missing": (lambda f: (f / "model.safetensors").unlink(), "has no model.safetensors"),
     "index-names-missing-shard": (_index_names_missing_shard, "model-00001-of-00002.safetensors"),
-    "index-huge": (lambda f: _sparse(f / "model.safetensors.index.json", 1 << 30), "more than an index"),
+    "index-huge": (lambda f: _sparse(f / "model.safetensors.index.json", 1 << 30),
+                   "a file of this kind is at most 16.0 MiB"),
     "header-nested-too-deep": (lambda f: _header(f, b"[" * 200_000), "the header is not JSON"),
     "config-nested-too-deep": (lambda f: (f / "config.json").write_bytes(b"[" * 200_000),
                                "config.json is unusable"),
@@ -133,7 +146,7 @@ CASES: dict[str, tuple[Callable[[Path], None], str]] = {
 
 
 def snapshot(folder: Path) -> dict[str, tuple[int, int]]:
-    return {p.name: (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(folder.iterdir())}
+    return {p.name: (p.lstat().st_size, p.lstat().st_mtime_ns) for p in sorted(folder.iterdir())}
 
 
 def peak_mb() -> float:

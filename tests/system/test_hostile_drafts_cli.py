@@ -37,3 +37,15 @@ def test_generate_with_a_hostile_draft_folder(tiny, tmp_path, case):
     assert_clean_error(proc, *needles)
     assert proc.stdout == b""
     assert (snapshot(folder), snapshot(data)) == before
+
+
+def test_import_refuses_a_tokenizer_json_past_its_cap(tiny, tmp_path):
+    """Issue 45: the draft's tokenizer.json is read through models/own_files with a cap (a sparse
+    1 GiB file was read whole)."""
+    folder = tmp_path / "draft"
+    shutil.copytree(tiny.draft_torch, folder)
+    with (folder / "tokenizer.json").open("wb") as fh:
+        fh.truncate(1 << 30)
+    env = dict(os.environ, LOCALSPEC_DATA_DIR=str(tmp_path / "data"))
+    proc = run_cli("import", "m", str(tiny.target_gguf), "--draft", str(folder), env=env, timeout=QUICK_S)
+    assert_clean_error(proc, "The draft's tokenizer.json is unusable", "at most 64.0 MiB")
