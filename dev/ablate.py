@@ -7,8 +7,8 @@ Why it is shaped so:
   store learnt from the standard library) and one engine per variant run in turn, the order
   rotated prompt by prompt: a neighbour's load or the machine's drift falls on all of them alike,
   and each variant is paired with the baseline on the same prompt.
-* The constants are class and module attributes that the engine reads while it builds or runs an
-  engine (each VARIANTS entry says where); a variant sets them only around its own engine's
+* The constants are engine/tuning.py's (and a function or two) that the engine reads while it
+  builds or runs an engine (each VARIANTS entry says where); a variant sets them only around its own engine's
   construction and generations (`patched`) and puts them back, so the engine stays as it ships.
   Those captured at import as TreeBudget's defaults (DEFAULT_TREE_NODES) are varied through the
   variant's budget instead.

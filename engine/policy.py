@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -146,7 +146,8 @@ def capacity(arms: Sequence[Arm]) -> int:
     return max(2, max(a.nodes for a in arms) + 1)
 
 
-def _in_order(tree: DraftTree, ordered: DraftTree | None, likelihood) -> DraftTree:
+def _in_order(tree: DraftTree, ordered: DraftTree | None,
+              likelihood: Callable[[], list[float]]) -> DraftTree:
     """`tree`, or with `ordered` its copy likeliest path first by `likelihood()` [tree.n]."""
     if ordered is None or tree.n <= 2:
         return tree
@@ -209,7 +210,7 @@ class AdaptivePolicy:
         free = tuple(free) if free is not None else free_stages(stages, None)
         order = draft_order(stages, free)
         self._routes = [route(a, free, order) for a in arms]
-        # per stage: no model stage in the route, so the free stages' gates bound their growth
+        # per arm: no model stage in its route, so the free stages' gates bound their growth
         # (with a model stage, what the free ones leave is the model's room: bounding them would
         # change its share)
         self._bounded = [all(free[s] for s in r[0]) for r in self._routes]
