@@ -31,6 +31,7 @@ from localspec.engine.errors import LocalspecError
 from .chat import ChatScreen
 from .dialogs import SettingsScreen
 from .first_run import FirstRunScreen
+from .notify import notify
 from .styles import CSS
 from .terminal import TolerantDriver, exit_on_signals
 from localspec.engine.options import Options
@@ -92,7 +93,7 @@ class ChatApp(App):
             exit_on_signals(self)
         if self.startup_notice is not None:
             n = self.startup_notice
-            self.notify(f"{n.cause}. {n.fix}", title=n.title, severity="warning", timeout=15)
+            notify(self, f"{n.cause}. {n.fix}", title=n.title, severity="warning", timeout=15)
         self.set_interval(1 / POLL_HZ, self.drain_engine)
         await self.open_chat_or_first_run()
 
@@ -214,4 +215,4 @@ class ChatApp(App):
         try:
             save_settings(self.settings, self.settings_file)
         except OSError as err:
-            self.notify(f"Settings not saved: {err}", severity="error")
+            notify(self, f"Settings not saved: {err}", severity="error")

@@ -24,6 +24,7 @@ from localspec.app.terminal import printable
 
 from .dialogs import ConfirmScreen, TextPromptScreen
 from .history_failure import reported
+from .notify import notify
 from .widgets import MessageView
 
 if TYPE_CHECKING:
@@ -139,7 +140,7 @@ class ConversationList:
         await self.reload_conversations()
         convs = self.history.conversations()
         await self.open_conversation(convs[0].id if convs else None)
-        self.app.notify("Conversation deleted and forgotten by the personal drafter.")
+        notify(self.app, "Conversation deleted and forgotten by the personal drafter.")
 
     # ---- one window per conversation ----------------------------------------------------------
     def _let_go(self: ChatScreen, conversation_id: str) -> None:

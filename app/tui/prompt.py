@@ -18,6 +18,7 @@ from localspec.engine.errors import LocalspecError
 
 from .attach import code_blocks, expand_attachments
 from .history_failure import reported
+from .notify import notify
 from .widgets import MessageView, PromptInput
 
 if TYPE_CHECKING:
@@ -38,7 +39,7 @@ class PromptActions:
             self.query_one("#prompt", PromptInput).clear()
             return
         if self.reply is not None:
-            self.app.notify("A reply is still being written: Esc stops it.", severity="warning")
+            notify(self.app, "A reply is still being written: Esc stops it.", severity="warning")
             return
         if self.read_only and not await self.try_to_write():
             return
@@ -104,7 +105,7 @@ class PromptActions:
                      if m.role == "assistant"), None) if self.conversation else None
         blocks = code_blocks(last.content) if last else []
         if not blocks:
-            self.app.notify("The last reply has no code block.", severity="warning")
+            notify(self.app, "The last reply has no code block.", severity="warning")
             return
         try:
             n = int(which) if which else len(blocks)
@@ -112,10 +113,10 @@ class PromptActions:
             if n < 1:
                 raise IndexError
         except (ValueError, IndexError):
-            self.app.notify(f"Use /copy N with N from 1 to {len(blocks)}.", severity="warning")
+            notify(self.app, f"Use /copy N with N from 1 to {len(blocks)}.", severity="warning")
             return
         self.app.copy_to_clipboard(code)
-        self.app.notify(f"Copied code block {n} of {len(blocks)} ({len(code.splitlines())} lines).")
+        notify(self.app, f"Copied code block {n} of {len(blocks)} ({len(code.splitlines())} lines).")
 
     def _last_message(self: ChatScreen) -> Message | None:
         if self.conversation is None:

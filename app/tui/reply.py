@@ -26,6 +26,7 @@ from localspec.app.progress import measuring_text
 
 from .format import lead_source
 from .history_failure import reported
+from .notify import notify
 from .widgets import MessageView, PromptInput
 
 if TYPE_CHECKING:
@@ -109,14 +110,14 @@ class ReplyStream:
                 self.dropped.discard(event.request_id)
             if isinstance(event, Error) and not stale:
                 # a learn/forget of the personal drafter failed
-                self.app.notify(f"{event.cause}. {event.fix}", title=event.title,
+                notify(self.app, f"{event.cause}. {event.fix}", title=event.title,
                                 severity="warning", timeout=10)
         elif isinstance(event, Token):
             await self.on_token(event)
         elif isinstance(event, Done):
             dropped = (event.stats or {}).get("dropped_messages", 0)
             if dropped > (self.last_stats or {}).get("dropped_messages", 0):
-                self.app.notify(f"The model now reads this conversation without its {dropped} "
+                notify(self.app, f"The model now reads this conversation without its {dropped} "
                                 "oldest messages (they are kept here and in the history)",
                                 title="The conversation outgrew the context", timeout=10)
             self.last_stats = event.stats

@@ -160,3 +160,32 @@ async def test_chat_screen_shows_the_replys_control_characters(tiny, tmp_path):
             pytest.fail("no seed made the tiny model emit a control character")
         view = list(harness.chat.query(MessageView))[-1]
         assert view.query_one(".msg-body", Markdown).source == printable(reply)
+
+
+@pytest.mark.anyio
+async def test_chat_screen_pop_ups_show_control_characters_and_no_markup(tiny, tmp_path, monkeypatch):
+    """Issue 45: a pop-up quoting a name or a cause (here the settings' damage, shown at start) is
+    shown `printable` and as plain text: an ESC reached the terminal, and "[/x]" in a name ended the
+    app with a MarkupError."""
+    from textual.app import App
+    from tui_support import make_app, ready, wait_until
+
+    from localspec.engine.errors import LocalspecError
+
+    shown: list = []
+    harness = make_app(tiny, tmp_path)
+    harness.app.startup_notice = LocalspecError("Settings file \x1b]0;x\x07", "'/tmp/[/x]\x1b[8m.json' is bad",
+                                                "Fix [b]it[/b]")
+    real = App.notify
+
+    def record(app, message, **kw):
+        shown.append((message, kw))
+        real(app, message, **kw)
+
+    monkeypatch.setattr(App, "notify", record)
+    async with harness.app.run_test(size=(100, 30)) as pilot:
+        await wait_until(pilot, lambda: ready(harness), what="engine ready")
+        await pilot.pause()
+    message, kw = shown[0]
+    assert message == printable("'/tmp/[/x]\x1b[8m.json' is bad. Fix [b]it[/b]") and "\x1b" not in message
+    assert kw["title"] == printable("Settings file \x1b]0;x\x07") and kw["markup"] is False
