@@ -41,7 +41,7 @@ from typing import Iterator, Sequence
 
 from localspec.models.errors import LocalspecError
 from localspec.models import torch_draft
-from localspec.models.architectures import check_runnable
+from localspec.models.architectures import check_runnable, why_not_runnable
 from localspec.models.gguf_file import GGUFInfo, Vocabulary, file_vocabulary, read_gguf
 from localspec.models.own_files import MANIFEST_MAX_BYTES, Unreadable, read_json
 from localspec.models.paths import data_dir, resolved
@@ -512,8 +512,19 @@ def list_models(root: Path | None = None) -> list[ModelListing]:
         missing = tuple(p for f in files for p in f.files if not p.is_file())
         need = None if missing else fit.need_bytes(files)
         context = None if missing or model.target.kind == "torch" else fit.listed_context(model.target, free)
-        rows.append(ModelListing(model, fit.verdict(need, free), need, missing, context))
+        runs = missing or _runnable(model.target.path)   # one imported before import checked it
+        rows.append(ModelListing(model, fit.verdict(need, free) if runs else "cannot run", need, missing,
+                                 context))
     return rows
+
+
+def _runnable(target: Path) -> bool:
+    """Whether localspec can generate text with the target's architecture (models/architectures.py;
+    a file that cannot be read is listed by its fit, which says "unknown")."""
+    try:
+        return why_not_runnable(read_gguf(target, require_vocab=False).architecture) is None
+    except LocalspecError:
+        return True
 
 
 def remove_model(name: str, root: Path | None = None) -> InstalledModel:

@@ -63,3 +63,13 @@ def test_the_rewrite_keeps_a_runnable_model_runnable(tiny, tmp_path):
     path.write_bytes(with_architecture(Path(tiny.target_gguf).read_bytes(), "qwen2"))
     proc = run_cli("generate", "hi", "--raw", "--model", str(path), "--max-tokens", "2", "--no-speculation")
     assert proc.returncode == 0, proc.stderr.decode()
+
+
+def test_list_marks_an_installed_model_that_cannot_run(tiny, tmp_path, data_env):
+    """A model installed before import checked its architecture (here: its file rewritten since)."""
+    path = tmp_path / "m.gguf"
+    path.write_bytes(Path(tiny.target_gguf).read_bytes())
+    assert run_cli("import", "m", str(path), env=data_env, timeout=QUICK_S).returncode == 0
+    path.write_bytes(with_architecture(path.read_bytes(), "bert"))
+    listed = run_cli("list", env=data_env, timeout=QUICK_S)
+    assert listed.returncode == 0 and b"cannot run" in listed.stdout, listed.stdout
