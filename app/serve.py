@@ -209,7 +209,7 @@ def _serve(sock, engine, ready, args, key, model_id, flags, run, history) -> Non
     config = ServeConfig(model_id=model_id, defaults=defaults, api_key=key,
                          loopback_only=key is None, max_body=args.max_body, read_timeout=args.read_timeout,
                          time_limit=args.timeout, log=_log,
-                         on_reply=_history_writer(history, model_id) if history is not None else None)
+                         on_reply=_history_writer(history, engine, model_id) if history is not None else None)
     scheduler = Scheduler(engine, ready, args.queue)
     server = Server(uvicorn.Config(build_app(scheduler, config), http=deadlined(args.read_timeout),
                                     log_level="warning", access_log=False, lifespan="on",
@@ -222,18 +222,24 @@ def _log(line: str) -> None:
     print(f"{time.strftime('%H:%M:%S')} {line}", file=sys.stderr, flush=True)
 
 
-def _history_writer(history, model_id: str):
-    """--history: each chat request becomes a conversation holding its messages and the reply."""
+def _history_writer(history, engine, model_id: str):
+    """--history: each chat request becomes a conversation holding its messages and the reply,
+    and a complete one is learnt by the personal n-grams under that conversation's id, as the
+    chat learns each finished exchange (deleting it in the chat forgets it there too)."""
     def write(generation, text: str, finish_reason: str, stats: dict) -> None:
         said = [m for m in generation.messages if m["role"] in ("user", "assistant")]
         first = next((m["content"] for m in said if m["role"] == "user"), "")
+        state = "stopped" if finish_reason == "stopped" else "complete"
         conv = history.new_conversation(f"serve: {first.strip()[:60] or model_id}")
         try:
             for m in said:
                 history.add_message(conv.id, m["role"], m["content"])
             reply = history.begin_reply(conv.id)
-            history.finish_reply(reply.id, text, "stopped" if finish_reason == "stopped" else "complete", stats)
+            history.finish_reply(reply.id, text, state, stats)
         finally:
             history.release(conv.id)
+        if state == "complete":   # the engine learns it before the next request it is sent
+            engine.learn(conv.id, [{"role": m["role"], "content": m["content"]} for m in said]
+                         + [{"role": "assistant", "content": text}])
 
     return write

@@ -266,6 +266,29 @@ def test_history_is_opt_in_the_time_limit_ends_a_reply_and_a_crash_is_survived(c
     assert all(c.title.startswith("serve: ") for c in kept)
 
 
+def test_history_feeds_the_personal_ngrams_as_the_chat_does(tiny, tmp_path):
+    """With --history a complete exchange is learnt under its conversation's id (so deleting it
+    in the chat forgets it); without, nothing is."""
+    from localspec.models.ngram_store import NgramStore, store_paths
+
+    data = tmp_path / "data"
+    served = start_server(tiny, "--ctx", CTX, "--fixed-budget", "--history", env={"LOCALSPEC_DATA_DIR": str(data)})
+    try:
+        client = openai.OpenAI(base_url=served.url, api_key="unused", max_retries=0, timeout=60)
+        assert client.chat.completions.create(model="target", messages=CHAT, max_tokens=16).choices
+        # the learn is the engine's next request: one more reply has waited for it
+        assert client.chat.completions.create(model="target", messages=CHAT, max_tokens=2).choices
+    finally:
+        assert served.stop(signal.SIGTERM) == 0, served.log_text()[-2000:]
+    with History.open(history_path(data)) as history:
+        kept = {c.id for c in history.conversations()}
+    learnt = set()
+    for path in store_paths(data):
+        with NgramStore.open_existing(path) as store:
+            learnt |= {s.name for s in store.info().sources if s.kind == "conversation"}
+    assert len(kept) == 2 and learnt == kept
+
+
 def test_sigint_mid_stream_ends_the_server_and_its_engine(tiny):
     served = start_server(tiny, "--ctx", CTX, "--fixed-budget", "--no-personal")
     engines = _children(served.proc.pid)
