@@ -9,7 +9,9 @@ has just written instead of measuring again.
 
 The lock is flock(2) on a file named for the model file's device and inode (a model imported in
 place and by path share it) under the calibration folder: the kernel releases it when its holder
-exits or is killed, so no lock is ever left stale, and nothing is written into the file.
+exits or is killed, so no lock is ever left stale, and nothing is written into the file. Where
+the folder cannot be written (a read-only data dir) the process measures without the lock: it
+cannot keep what it measures there either.
 """
 from __future__ import annotations
 
@@ -32,8 +34,12 @@ def measuring(model_path: Path, folder: Path, note: Callable[[str], None] | None
     """Hold the model's measuring lock for the block; yields whether this process waited for
     another (which has then just measured). `note` is told WAITING before a wait."""
     path = lock_path(model_path, folder)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError:     # a data dir this user cannot write: no calibration is kept there either
+        yield False
+        return
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
