@@ -12,17 +12,21 @@ d=$(ls -d /tmp/b/llama_cpp_python-*)
 # LIBS names the folder of a carried build of it (default .gpu/libs)
 for patch in packaging/patches/*.patch; do patch -s -p1 -d "$d" < "$patch"; done
 libs=${LIBS:-.gpu/libs}
-# a carried build serves only the patches it was built from (its libs.key)
-key=$(cat packaging/patches/*.patch | sha256sum | cut -c1-16)
+# a carried build serves only the patches it was built from (its libs.key); the key also names
+# what the build holds besides the libraries (llama-server, for `localspec bench --serve`)
+key=$( (cat packaging/patches/*.patch; echo with-llama-server) | sha256sum | cut -c1-16)
 if ls "$libs"/libs.* >/dev/null 2>&1 && [ "$(cat "$libs/libs.key" 2>/dev/null)" = "$key" ]; then
   cat "$libs"/libs.[a-z][a-z] | xz -d | tar x -C /tmp/cb/bin
   echo "reused the carried llama.cpp build"
 else
+  # llama-server too (the side-by-side of `localspec bench --serve --llama-server`), without its
+  # web UI's assets, which its build would otherwise try to download (the host has no network)
   cmake -S "$d/vendor/llama.cpp" -B /tmp/cb -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
-    -DBUILD_SHARED_LIBS=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF >/dev/null
-  cmake --build /tmp/cb -j16 --target llama llama-bench >/dev/null
+    -DBUILD_SHARED_LIBS=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
+    -DLLAMA_USE_PREBUILT_UI=OFF >/dev/null
+  cmake --build /tmp/cb -j16 --target llama llama-bench llama-server >/dev/null
   if [ -n "${OUT:-}" ]; then
-    (cd /tmp/cb/bin && tar cf - ./*.so*) | xz -T16 -6 | split -b 15m - "$OUT/libs."
+    (cd /tmp/cb/bin && tar cf - ./*.so* llama-server) | xz -T16 -6 | split -b 15m - "$OUT/libs."
     echo "$key" > "$OUT/libs.key"
   fi
 fi
@@ -33,6 +37,10 @@ if ls .gpu/whl2/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpu/whl2/*.whl
 fi
 if [ -d .gpu/whl2/site ]; then cp -r .gpu/whl2/site/* /tmp/site/; fi
+# the serve extra for `localspec bench --serve` (.gpu/whl3, staged by gpu-prep.sh), when carried
+if ls .gpu/whl3/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpu/whl3/*.whl
+fi
 cp -r "$d/llama_cpp" /tmp/site/
 for sub in engine models app; do ln -sfn "$PWD/$sub" "/tmp/site/localspec/$sub"; done
 echo built; ls -la /tmp/cb/bin | head -20

