@@ -210,7 +210,7 @@ def _serve(sock, engine, ready, args, key, model_id, flags, run, history) -> Non
                          loopback_only=key is None, max_body=args.max_body, read_timeout=args.read_timeout,
                          time_limit=args.timeout, log=_log,
                          on_reply=_history_writer(history, engine, model_id) if history is not None else None)
-    scheduler = Scheduler(engine, ready, args.queue)
+    scheduler = Scheduler(engine, ready, args.queue, _log)
     server = Server(uvicorn.Config(build_app(scheduler, config), http=deadlined(args.read_timeout),
                                     log_level="warning", access_log=False, lifespan="on",
                                     timeout_graceful_shutdown=5, limit_concurrency=args.queue + 64,

@@ -24,6 +24,7 @@ import itertools
 import threading
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 from .engine_proc import Calibrating, Crashed, Done, EngineProcess, Error, Ready
 from .serve_api import Generation
@@ -75,8 +76,9 @@ class Job:
 
 
 class Scheduler:
-    def __init__(self, engine: EngineProcess, ready: Ready, queue_size: int) -> None:
+    def __init__(self, engine: EngineProcess, ready: Ready, queue_size: int, log: Callable[[str], None]) -> None:
         self.engine, self.ready = engine, ready
+        self.log = log                            # what no request answers: a failed learn (--history)
         self.queue_size = queue_size
         self.state = "ok"                         # "ok", "restarting" (after a crash), "failed"
         self.served = 0
@@ -187,6 +189,8 @@ class Scheduler:
                     await self._restart()
                     return
                 if getattr(event, "request_id", None) != job.id:
+                    if isinstance(event, Error) and (event.request_id or "").startswith("learn:"):
+                        self.log(f"not learnt by the personal n-grams: {event.title}: {event.cause}")
                     continue                          # a late event of a job already finished
                 if isinstance(event, Error) and stopped_at is not None:
                     # a stop that lands while the chat template renders ends it with an Error:
