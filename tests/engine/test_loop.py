@@ -126,7 +126,8 @@ def test_a_round_is_charged_without_the_catching_up_its_stages_owe(tiny):
         slow = 0.03
         for d in session.stages:   # catching up is slow once a round: later calls find nothing owed
             owed = [False]
-            d.accept = (lambda inner, owed: lambda new: (owed.__setitem__(0, True), inner(new))[1])(d.accept, owed)
+            d.accept = (lambda inner, owed: lambda new, states=None: (owed.__setitem__(0, True),
+                                                                 inner(new, states))[1])(d.accept, owed)
             d.catch_up = (lambda inner, owed: lambda: (
                 owed[0] and time.sleep(slow), owed.__setitem__(0, False), inner())[2])(d.catch_up, owed)
         charged: list[float] = []

@@ -179,11 +179,11 @@ def test_a_gpu_round_leaving_the_one_token_shape_pays_the_graph_switch():
         """One round where the target's text goes on with the chain's first `taken` tokens;
         the size of the tree verified."""
         policy.plan(room=8)
-        verified = policy.select(drafted)
-        path = tuple(range(1, min(taken, verified.n - 1) + 1))
+        batch = policy.select(drafted, 100, None)
+        path = tuple(range(1, min(taken, batch.tree.n - 1) + 1))
         text = drafted.tokens[1:taken + 1].tolist() + [99]
-        policy.observe(verified, path, text[:len(path) + 1], greedy=True, started=0.0)
-        return verified.n
+        policy.observe(batch, path, text[:len(path) + 1], greedy=True, started=0.0)
+        return batch.tree.n
 
     policy.begin()                                       # a generation starts as if after plain rounds
     assert round_(doubtful, 2) == 1
