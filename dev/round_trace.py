@@ -138,11 +138,18 @@ def trace(name: str, cfg: Config, tiny, clock: Clock, cache: Path) -> list:
             p = plan(room)
             rounds.append({"arm": str(p.arm), "proposed": []})
             return p
+
+        def round_record() -> dict:
+            """This round's record; a round the policy did not plan (arm None) gets one here."""
+            if not rounds or "path" in rounds[-1]:
+                rounds.append({"arm": None, "proposed": []})
+            return rounds[-1]
         policy.plan = planned
         verify, commit, prefill = target.verify, target.commit, target.prefill
 
         def verifying(tree, pad_to=0, top_up=True):
             n = tree.n
+            round_record()
             rounds[-1]["tree"] = [tree.tokens[:n].tolist(), tree.parent[:n].tolist(), tree.drafter[:n].tolist()]
             rounds[-1]["pad"] = [pad_to, top_up]
             clock.now += scripted.target_cost(max(n, pad_to))
