@@ -4,10 +4,9 @@ Both the target and the GGUF draft use it. What the rest of the engine needs fro
 small: tokenize and detokenize, decode a batch whose tokens each carry a set of sequence ids, read
 logits as zero-copy numpy views of llama.cpp's buffer, and the memory's sequence operations. The
 context uses a unified KV cache so a token shared by several tree paths is stored once and tagged
-with every path's sequence id. What llama.cpp would assert on (and abort the process for) is
-checked here first, so every command and the chat refuse it with the fix; its process-wide state
-(load order, log, switches) is engine/native.py's, a draft head's hidden states
-hidden_states.py's, and what only `head train` asks of a model head_train_model.py's.
+with every path's sequence id. What llama.cpp would abort on is checked here first, so every
+command refuses it with the fix; its process-wide state is engine/native.py's, a draft head's
+hidden states hidden_states.py's, what only `head train` asks of a model head_train_model.py's.
 """
 from __future__ import annotations
 
@@ -47,13 +46,11 @@ def default_threads() -> int:
 
 
 def check_context(n_ctx: int, n_ctx_train: int, n_batch: int, sequences: int) -> None:
-    """Refuse, with the fix, a context llama.cpp would abort on or refuse. llama.cpp caps a batch
-    at the context size, and sizes its output buffer at creation for one row per sequence id
-    (GGML_ASSERT(n_outputs_max <= cparams.n_outputs_max), an abort): the context must hold at
-    least as many tokens as there are sequences, which speculation sets from the tree size (a
-    path per node, and as many padding sequences). llama.cpp reads n_ctx 0 as the model's trained
-    size, which can need far more memory than asked for: refused too. `n_batch` below the
-    sequences is the caller's bug."""
+    """Refuse, with the fix, a context llama.cpp would abort on or refuse. It sizes its output
+    buffer at creation for one row per sequence id and caps a batch at the context (an abort
+    past it): the context must hold as many tokens as speculation has sequences (a path per
+    node, and as many padding ones). n_ctx 0 would mean the trained size, which can need far
+    more memory: refused too. `n_batch` below the sequences is the caller's bug."""
     if not 1 <= n_ctx <= MAX_CTX:
         raise LocalspecError("Invalid context size", f"--ctx {n_ctx}",
                              f"Pass a number of tokens from 1 to {MAX_CTX} (or leave --ctx out: the default fits this machine; the "
@@ -87,15 +84,10 @@ class LlamaModel(HiddenStates):
         taps (with hidden): layers whose input states a row's hidden state carries too, after the
         final one: `hidden_rows` is then [rows, n_feature] (hidden_states.py).
 
-        exact: batch-invariant numerics, CPU only. Each row of a batch gets the logits it would
-        get decoded alone, bit for bit, so verifying a draft tree computes what plain decoding
-        computes and greedy speculation emits plain decoding's tokens exactly (by default
-        llama.cpp's batched matmuls sum in another order: differences up to ~0.4, which flip
-        near-ties, docs/exact-numerics.md). It costs speed: no repacked weights (their batched
-        kernel differs from the one-row kernel), flash attention on (its per-row loop is the
-        same for 1..63 rows), no tiled matmul and no split-KV attention; the multi-column kernels
-        from one row up, so every row sums alike at any batch size (native.ExactNumerics, held
-        while open). Checked at load.
+        exact: batch-invariant numerics, CPU only: each row of a batch gets the logits it would
+        get decoded alone, bit for bit, so greedy speculation emits plain decoding's tokens
+        exactly; the switches that takes, and what they cost, are docs/exact-numerics.md's
+        (native.ExactNumerics, held while open). Checked at load.
 
         kv_type: the KV cache's cells, "f16" (llama.cpp's default) or "q8_0" (half the memory;
         llama.cpp reads a quantized cache only with flash attention, which it then turns on)."""
@@ -280,10 +272,9 @@ class LlamaModel(HiddenStates):
         pad_to: fill the batch up to this many rows (at least one is added) with padding, in
         the reserved sequences, which share no cell with any other, so no real token sees it;
         remove it with drop_padding() (or keep_path of a real sequence). Every row then has
-        logits. llama.cpp reuses its compute graph only while the batch's token count, output
-        count and number of distinct sequence ids hold, and ggml-cuda replays its CUDA graph
-        only after two calls of one shape: so the padding tops the distinct ids up to pad_to
-        (its first row carries the missing ids) and a padded batch always has one shape.
+        logits. llama.cpp reuses its graph (and ggml-cuda replays its CUDA graph) only while the
+        batch's token, output and distinct sequence-id counts hold: so the padding tops the
+        distinct ids up to pad_to (its first row carries the missing ids) and keeps one shape.
         top_up False: pad only the rows, all in the first padding sequence, and only when n is
         under pad_to (for a llama.cpp that keeps a CUDA graph per shape, packaging/patches, where
         a rebuilt compute graph costs only its CPU-side build).
