@@ -130,9 +130,6 @@ def free_port() -> int:
 class Server:
     """One HTTP server process of the run: started, asked prompt by prompt, stopped."""
 
-    name: str
-    command: list[str]
-
     def __init__(self, name: str, command: list[str], log: Path, env: dict | None = None) -> None:
         self.name, self.command, self.log = name, command, log
         with open(log, "wb") as err:
@@ -166,10 +163,14 @@ class LocalspecServer(Server):
                    *(["--threads", str(n_threads)] if n_threads else []), *(["--exact"] if exact else [])]
         super().__init__("localspec serve", command, log,
                          env={**os.environ, "LOCALSPEC_CONFIG_DIR": str(settings_dir)})
-        self.url = self._address()
-        with _opener().open(self.url + "/models", timeout=30) as r:
-            (entry,) = json.load(r)["data"]
-        self.model_id, self.n_ctx = entry["id"], int(entry["context_length"])
+        try:
+            self.url = self._address()
+            with _opener().open(self.url + "/models", timeout=30) as r:
+                (entry,) = json.load(r)["data"]
+            self.model_id, self.n_ctx = entry["id"], int(entry["context_length"])
+        except BaseException:   # not started, or interrupted while starting: no process left behind
+            self.stop()
+            raise
 
     def _address(self) -> str:
         lines: queue.Queue = queue.Queue()
@@ -184,7 +185,6 @@ class LocalspecServer(Server):
                 continue
             if m := re.search(r"listening on (http://\S+/v1)", line):
                 return m.group(1)
-        self.stop()
         raise self.died(f"was not ready within {START_S} s")
 
     def ask(self, prompt: Prompt, max_tokens: int, sampling: SamplingParams) -> Reply:
@@ -211,6 +211,13 @@ class LlamaServer(Server):
                    *(["-t", str(n_threads)] if n_threads else []), *extra]
         super().__init__(f"llama-server {mode}", command, log)
         self.base = f"http://127.0.0.1:{self.port}"
+        try:
+            self._wait_ready()
+        except BaseException:   # not started, or interrupted while starting: no process left behind
+            self.stop()
+            raise
+
+    def _wait_ready(self) -> None:
         deadline = time.monotonic() + START_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -222,7 +229,6 @@ class LlamaServer(Server):
             except OSError:
                 pass   # not listening yet, or loading (503)
             time.sleep(0.5)
-        self.stop()
         raise self.died(f"was not ready within {START_S} s")
 
     def ask(self, prompt: Prompt, max_tokens: int, sampling: SamplingParams) -> Reply:
