@@ -330,9 +330,11 @@ class Beside:
             served = LocalspecServer(target, draft, n_ctx, n_threads, exact, out / "serve.log",
                                      Path(self._settings.name))
             self.sides.append(Side(served))
+            # llama-server's own default is the physical cores; localspec's every core it may use
+            threads = n_threads or len(os.sched_getaffinity(0))
             for mode in llama_modes:
                 progress(f"starting llama-server {mode}")
-                self.sides.append(Side(LlamaServer(llama_server, mode, target, draft, served.n_ctx, n_threads,
+                self.sides.append(Side(LlamaServer(llama_server, mode, target, draft, served.n_ctx, threads,
                                                    out / f"llama-server-{mode}.log")))
         except BaseException:
             self.close()
