@@ -243,6 +243,11 @@ __device__ __forceinline__ uint32_t smem_addr(const void *p) {
 __device__ __forceinline__ void cp_async16(void *sdst, const void *gsrc) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(sdst)), "l"(gsrc));
 }
+// zero-fills the 16 bytes where `valid` is false (rows past M in ggml's own layout)
+__device__ __forceinline__ void cp_async16_zfill(void *sdst, const void *gsrc, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(sdst)), "l"(gsrc),
+                 "r"(valid ? 16 : 0));
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N> __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
@@ -276,7 +281,13 @@ template <int MT, int NT, int STAGES> struct stream_cfg {
 
 // grid: (row blocks, splits); block: 128 threads (4 warps). Warp w owns m-tiles
 // blockIdx.x*4*MT + w*MT + i, i < MT; the block walks super-blocks [k0, k1) of its split.
-template <int MT, int NT, int STAGES>
+// NATIVE = false: Wr is the repacked layout above. NATIVE = true: Wr is ggml's own block_q4_K
+// rows, unchanged; a stage then holds each of the tile's 16 rows' 144-byte super-block as it
+// is (9 aligned 16-byte copies a row: the global side coalesces as well), and the A fragments
+// are gathered from shared memory with 4-byte reads (rows 36 words apart: lanes (g, t) fall in
+// banks 4g + t + const, no conflicts). No repack, so no load-time step and no second layout
+// for ggml's other kernels (prefill's mul_mat_q, get_rows) to cope with.
+template <int MT, int NT, int STAGES, bool NATIVE>
 __global__ void __launch_bounds__(128)
     stream_q4k(const uint4 *__restrict__ Wr, const uint4 *__restrict__ Ar, float *__restrict__ dst,
                float *__restrict__ ws, int *__restrict__ tickets, int M, int KB, int act_nt, int ncols) {
@@ -295,9 +306,19 @@ __global__ void __launch_bounds__(128)
         uint4 *sw = st + warp * MT * TILE_U4;
 #pragma unroll
         for (int i = 0; i < MT; ++i) {
-            const uint4 *src = Wr + ((size_t)(mtile0 + i) * KB + kb) * TILE_U4;
+            if (NATIVE) {
 #pragma unroll
-            for (int u = lane; u < TILE_U4; u += 32) cp_async16(sw + i * TILE_U4 + u, src + u);
+                for (int u = lane; u < TILE_U4; u += 32) {
+                    const int r = (mtile0 + i) * 16 + u / 9;
+                    const bool ok = r < M;
+                    const uint4 *src = Wr + ((size_t)(ok ? r : 0) * KB + kb) * 9 + u % 9;
+                    cp_async16_zfill(sw + i * TILE_U4 + u, src, ok);
+                }
+            } else {
+                const uint4 *src = Wr + ((size_t)(mtile0 + i) * KB + kb) * TILE_U4;
+#pragma unroll
+                for (int u = lane; u < TILE_U4; u += 32) cp_async16(sw + i * TILE_U4 + u, src + u);
+            }
         }
         const uint4 *asrc = Ar + (size_t)kb * act_nt * ACT_U4;
         uint4 *sa = st + C::W_U4;
@@ -339,7 +360,7 @@ __global__ void __launch_bounds__(128)
         for (int i = 0; i < MT; ++i)
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-                const uint4 s = sw[i * TILE_U4 + 128 + g + 8 * h];
+                const uint4 s = NATIVE ? sw[i * TILE_U4 + 9 * (g + 8 * h)] : sw[i * TILE_U4 + 128 + g + 8 * h];
                 const float2 dm = __half22float2(*(const half2 *)&s.x);
                 dd[i][h] = dm.x;
                 dmn[i][h] = dm.y;
@@ -365,7 +386,16 @@ __global__ void __launch_bounds__(128)
             }
 #pragma unroll
             for (int i = 0; i < MT; ++i) {
-                const uint4 aq = sw[i * TILE_U4 + p * 32 + lane];
+                uint4 aq;
+                if (NATIVE) {   // words of row r's qs: 36r + 4 + byte/4
+                    const uint32_t *w32 = (const uint32_t *)(sw + i * TILE_U4);
+                    aq.x = w32[36 * g + 4 + 8 * p + t];
+                    aq.y = w32[36 * (g + 8) + 4 + 8 * p + t];
+                    aq.z = w32[36 * g + 4 + 8 * p + 4 + t];
+                    aq.w = w32[36 * (g + 8) + 4 + 8 * p + 4 + t];
+                } else {
+                    aq = sw[i * TILE_U4 + p * 32 + lane];
+                }
 #pragma unroll
                 for (int hs = 0; hs < 2; ++hs) {   // sub-block j = 2p + hs
                     const int sh = 4 * hs;
@@ -567,15 +597,16 @@ struct Shape {
 
 struct Cfg {
     int mt, nt, stages, splits;
+    bool native;
 };
 
 typedef void (*stream_fn)(const uint4 *, const uint4 *, float *, float *, int *, int, int, int, int);
 
-static stream_fn pick(int mt, int nt, int stages, int *smem) {
+static stream_fn pick(int mt, int nt, int stages, int *smem, bool native = false) {
 #define PICK(A, B, S)                                                      \
     if (mt == A && nt == B && stages == S) {                               \
         *smem = stream_cfg<A, B, S>::SMEM;                                 \
-        return stream_q4k<A, B, S>;                                        \
+        return native ? stream_q4k<A, B, S, true> : stream_q4k<A, B, S, false>; \
     }
     PICK(1, 1, 4) PICK(1, 2, 4) PICK(2, 1, 4) PICK(2, 2, 4)
     PICK(1, 1, 3) PICK(1, 2, 3) PICK(2, 1, 3) PICK(2, 2, 3)
@@ -598,10 +629,11 @@ struct Dev {
 
 static void launch_stream(const Dev &d, int c, const Cfg &cfg, int ncols, cudaStream_t s) {
     int smem;
-    stream_fn fn = pick(cfg.mt, cfg.nt, cfg.stages, &smem);
+    stream_fn fn = pick(cfg.mt, cfg.nt, cfg.stages, &smem, cfg.native);
     const int rows = 64 * cfg.mt;
-    dim3 grid(d.Mpad / rows, cfg.splits);
-    fn<<<grid, 128, smem, s>>>(d.Wr[c], d.Ar, d.dst, d.ws, d.tickets, d.M, d.KB, 2, ncols);
+    dim3 grid(cfg.native ? (d.M + rows - 1) / rows : d.Mpad / rows, cfg.splits);
+    fn<<<grid, 128, smem, s>>>(cfg.native ? (const uint4 *)d.W[c] : d.Wr[c], d.Ar, d.dst, d.ws, d.tickets, d.M,
+                               d.KB, 2, ncols);
 }
 
 static void launch_mmvq(const Dev &d, int c, int ncols, cudaStream_t s) {
@@ -761,6 +793,33 @@ static int emulate(int M, int K, int ncols) {
         for (int kb = 0; kb < KB; ++kb) {
             uint4 tile[TILE_U4];
             for (int u = 0; u < TILE_U4; ++u) tile[u] = repack_elem(W.data(), M, KB, mtile, kb, u);
+            // the native kernel's stage (ggml's rows as they are, zero past M) must yield the same
+            // fragments and scales as the repacked tile, by the kernel's own index arithmetic
+            {
+                uint4 nat[TILE_U4];
+                for (int u = 0; u < TILE_U4; ++u) {
+                    const int r = mtile * 16 + u / 9;
+                    nat[u] = make_uint4(0, 0, 0, 0);
+                    if (r < M) memcpy(&nat[u], (const uint4 *)W.data() + ((size_t)r * KB + kb) * 9 + u % 9, 16);
+                }
+                const uint32_t *w32 = (const uint32_t *)nat;
+                for (int L = 0; L < 32; ++L) {
+                    const int g = L >> 2, t = L & 3;
+                    for (int p = 0; p < 4; ++p) {
+                        const uint4 a = tile[p * 32 + L];
+                        if (a.x != w32[36 * g + 4 + 8 * p + t] || a.y != w32[36 * (g + 8) + 4 + 8 * p + t] ||
+                            a.z != w32[36 * g + 4 + 8 * p + 4 + t] || a.w != w32[36 * (g + 8) + 4 + 8 * p + 4 + t]) {
+                            printf("emulate: native fragment differs (tile %d kb %d lane %d p %d)\n", mtile, kb, L, p);
+                            return 1;
+                        }
+                    }
+                    for (int h = 0; h < 2; ++h)
+                        if (memcmp(&tile[128 + g + 8 * h], &nat[9 * (g + 8 * h)], 16)) {
+                            printf("emulate: native scales differ\n");
+                            return 1;
+                        }
+                }
+            }
             const uint4 *sa = Ar.data() + (size_t)kb * 2 * ACT_U4;
             for (int p = 0; p < 4; ++p)
                 for (int hs = 0; hs < 2; ++hs)
@@ -887,6 +946,8 @@ int main(int argc, char **argv) {
                 stream_fn fn = pick(mt, nt, st, &smem);
                 if ((size_t)smem > prop.sharedMemPerBlockOptin) continue;
                 CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+                CHECK(cudaFuncSetAttribute(pick(mt, nt, st, &smem, true), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           smem));
                 int blocks = 0;
                 CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, fn, 128, smem));
                 printf("  config mt=%d nt=%d stages=%d: smem %d B a block, %d blocks/SM here\n", mt, nt, st, smem,
@@ -927,7 +988,9 @@ int main(int argc, char **argv) {
     {
         const Shape cs[] = {{"odd 1000x3584", 1000, 3584}, {"odd 72x512", 72, 512}, {"7b kv 512x3584", 512, 3584},
                             {"32b ffn_down 5120x27648", 5120, 27648}};
-        const Cfg cfgs[] = {{1, 0, 4, 1}, {2, 0, 4, 1}, {1, 0, 3, 3}, {2, 0, 6, 4}, {1, 0, 4, 16}};
+        const Cfg cfgs[] = {{1, 0, 4, 1, false}, {2, 0, 4, 1, false}, {1, 0, 3, 3, false}, {2, 0, 6, 4, false},
+                            {1, 0, 4, 16, false}, {1, 0, 4, 1, true},  {2, 0, 4, 1, true},  {1, 0, 3, 3, true},
+                            {2, 0, 6, 4, true},   {1, 0, 4, 16, true}};
         double worst_new = 0.0, worst_stock = 0.0;
         int fails = 0;
         for (const Shape &sh : cs) {
@@ -947,8 +1010,8 @@ int main(int argc, char **argv) {
                     worst_new = std::max(worst_new, e < 0 ? 1e9 : e);
                     if (e < 0 || e > TOL) {
                         ++fails;
-                        printf("FAIL new %s n=%d mt=%d stages=%d splits=%d: err %.3g\n", sh.name, n, cfg.mt, cfg.stages,
-                               cfg.splits, e);
+                        printf("FAIL new %s n=%d mt=%d stages=%d splits=%d native=%d: err %.3g\n", sh.name, n, cfg.mt,
+                               cfg.stages, cfg.splits, (int)cfg.native, e);
                     }
                 }
                 if (n <= 8) {
@@ -974,7 +1037,7 @@ int main(int argc, char **argv) {
     {
         Dev d = setup(5120, 5120, prop.l2CacheSize, false);
         std::vector<float> a((size_t)16 * 5120), b(a.size());
-        Cfg cfg{1, 2, 4, 8};
+        Cfg cfg{1, 2, 4, 8, false};
         launch_stream(d, 0, cfg, 16, s);
         CHECK(cudaStreamSynchronize(s));
         CHECK(cudaMemcpy(a.data(), d.dst, a.size() * 4, cudaMemcpyDeviceToHost));
@@ -994,86 +1057,87 @@ int main(int argc, char **argv) {
     };
     const int nshapes = quick ? 2 : 8;
     // per layer: q, k, v, o, gate, up, down (as if all Q4_K): shape index and count
-    double layer_stock[2][17] = {}, layer_new[2][17] = {};
+    double layer_stock[2][17] = {}, layer_new[2][17] = {}, layer_nat[2][17] = {};
     const int layer_mult[8] = {2, 2, 2, 1, 2, 2, 2, 1};
     for (int si = 0; si < nshapes; ++si) {
         const Shape &sh = shapes[si];
         printf("\n%s (%.1f MB of Q4_K)\n", sh.name, (double)sh.M * sh.K / 256 * 144 / 1e6);
         Dev d = setup(sh.M, sh.K, prop.l2CacheSize, true);
         const double bytes = (double)d.wbytes;
-        printf("%5s %9s %7s %5s %6s | %9s %7s %5s %6s | %6s | best (mt stages splits)\n", "cols", "stock us",
-               "GB/s", "%bw", "x1col", "new us", "GB/s", "%bw", "x1col", "speed");
-        fprintf(cfglog, "\n%s: cols, then mt/stages/splits:us for every config timed\n", sh.name);
-        double new1 = 0.0, stock1 = 0.0;
+        printf("%4s %8s %5s %5s | %8s %5s %5s | %8s %5s %5s | %5s | best: mt/stages/splits repacked, native\n",
+               "cols", "stock us", "%bw", "x1col", "repk us", "%bw", "x1col", "natv us", "%bw", "x1col", "speed");
+        fprintf(cfglog, "\n%s: cols, layout, then mt/stages/splits:us for every config timed\n", sh.name);
+        double stock1 = 0.0, new1[2] = {0.0, 0.0};
         for (int n = 1; n <= 16; ++n) {
             double ts = 0.0;
             if (n <= 8) ts = time_us(d, [&](int c) { launch_mmvq(d, c, n, s); }, s);
-            double best = 1e30;
-            Cfg bc{};
-            std::string others;
             const int nt = n <= 8 ? 1 : 2;
-            for (int mt = 1; mt <= 2; ++mt)
-                for (int st : {4}) {
+            double best[2] = {1e30, 1e30};
+            Cfg bc[2] = {};
+            for (int nat = 0; nat < 2; ++nat) {
+                std::string others;
+                auto try_cfg = [&](const Cfg &cfg) {
+                    int smem;
+                    pick(cfg.mt, cfg.nt, cfg.stages, &smem);
+                    if ((size_t)smem > prop.sharedMemPerBlockOptin) return;
+                    const double t = time_us(d, [&](int c) { launch_stream(d, c, cfg, n, s); }, s);
+                    char buf[64];
+                    snprintf(buf, sizeof buf, " %d/%d/%d:%.2f", cfg.mt, cfg.stages, cfg.splits, t);
+                    others += buf;
+                    if (t < best[nat]) {
+                        best[nat] = t;
+                        bc[nat] = cfg;
+                    }
+                };
+                for (int mt = 1; mt <= 2; ++mt) {
                     const int rb = d.Mpad / (64 * mt);
                     for (int sp : {1, 2, 4, 8}) {
                         if (sp > d.KB || (sp > 1 && rb * sp > 8 * prop.multiProcessorCount)) continue;
-                        int smem;
-                        pick(mt, nt, st, &smem);
-                        if ((size_t)smem > prop.sharedMemPerBlockOptin) continue;
-                        Cfg cfg{mt, nt, st, sp};
-                        const double t = time_us(d, [&](int c) { launch_stream(d, c, cfg, n, s); }, s);
-                        char buf[64];
-                        snprintf(buf, sizeof buf, " %d/%d/%d:%.1f", mt, st, sp, t);
-                        others += buf;
-                        if (t < best) {
-                            best = t;
-                            bc = cfg;
-                        }
+                        try_cfg(Cfg{mt, nt, 4, sp, nat == 1});
                     }
                 }
-            // pipeline depth at the best rows/splits: 3 and 6 stages against 4, at 1, 8, 16 columns
-            if (n == 1 || n == 8 || n == 16)
-                for (int st : {3, 6}) {
-                    int smem;
-                    pick(bc.mt, nt, st, &smem);
-                    if ((size_t)smem > prop.sharedMemPerBlockOptin) continue;
-                    Cfg cfg{bc.mt, nt, st, bc.splits};
-                    const double t = time_us(d, [&](int c) { launch_stream(d, c, cfg, n, s); }, s);
-                    char buf[64];
-                    snprintf(buf, sizeof buf, " %d/%d/%d:%.1f", bc.mt, st, bc.splits, t);
-                    others += buf;
-                    if (t < best) {
-                        best = t;
-                        bc = cfg;
-                    }
+                // pipeline depth at the best rows/splits: 3 and 6 stages against 4, at 1, 8, 16 columns
+                if (n == 1 || n == 8 || n == 16) {
+                    const Cfg b = bc[nat];
+                    for (int st : {3, 6}) try_cfg(Cfg{b.mt, nt, st, b.splits, nat == 1});
                 }
-            fprintf(cfglog, "%d%s\n", n, others.c_str());
+                fprintf(cfglog, "%d %s%s\n", n, nat ? "native" : "repacked", others.c_str());
+            }
             if (n == 1) {
-                new1 = best;
                 stock1 = ts;
+                new1[0] = best[0];
+                new1[1] = best[1];
             }
-            const double gbn = bytes / (best * 1e-6) / 1e9;
-            if (n <= 8) {
-                const double gbs = bytes / (ts * 1e-6) / 1e9;
-                printf("%5d %9.2f %7.0f %4.0f%% %6.2f | %9.2f %7.0f %4.0f%% %6.2f | %5.2fx | %d %d %d\n", n, ts, gbs,
-                       100 * gbs / spec_gbs, ts / stock1, best, gbn, 100 * gbn / spec_gbs, best / new1, ts / best,
-                       bc.mt, bc.stages, bc.splits);
-            } else {
-                printf("%5d %9s %7s %5s %6s | %9.2f %7.0f %4.0f%% %6.2f | %6s | %d %d %d\n", n, "-", "-", "-", "-",
-                       best, gbn, 100 * gbn / spec_gbs, best / new1, "-", bc.mt, bc.stages, bc.splits);
-            }
+            auto pbw = [&](double us) { return 100.0 * bytes / (us * 1e-6) / 1e9 / spec_gbs; };
+            char stock_s[64];
+            if (n <= 8)
+                snprintf(stock_s, sizeof stock_s, "%8.2f %4.0f%% %5.2f", ts, pbw(ts), ts / stock1);
+            else
+                snprintf(stock_s, sizeof stock_s, "%8s %5s %5s", "-", "-", "-");
+            char speed_s[16];
+            if (n <= 8)
+                snprintf(speed_s, sizeof speed_s, "%4.2fx", ts / std::min(best[0], best[1]));
+            else
+                snprintf(speed_s, sizeof speed_s, "%5s", "-");
+            printf("%4d %s | %8.2f %4.0f%% %5.2f | %8.2f %4.0f%% %5.2f | %s | %d/%d/%d %d/%d/%d\n", n, stock_s, best[0],
+                   pbw(best[0]), best[0] / new1[0], best[1], pbw(best[1]), best[1] / new1[1], speed_s, bc[0].mt,
+                   bc[0].stages, bc[0].splits, bc[1].mt, bc[1].stages, bc[1].splits);
             const int model = si / 4;
-            layer_new[model][n] += layer_mult[si] * best;
+            layer_new[model][n] += layer_mult[si] * best[0];
+            layer_nat[model][n] += layer_mult[si] * best[1];
             if (n <= 8) layer_stock[model][n] += layer_mult[si] * ts;
         }
         release(d);
     }
     if (!quick) {
         for (int model = 0; model < 2; ++model) {
-            printf("\n%s layer, its 7 matmuls as Q4_K (q,k,v,o,gate,up,down), us:\n", model ? "32B" : "7B");
+            printf("\n%s layer, its 7 matmuls as Q4_K (q,k,v,o,gate,up,down), us (cost / its 1-col cost):\n",
+                   model ? "32B" : "7B");
             for (int n = 1; n <= 16; ++n)
-                printf("  cols %2d: stock-like %8.1f  new %8.1f  (new %.2fx its 1-col)\n", n,
-                       n <= 8 ? layer_stock[model][n] : 0.0, layer_new[model][n], layer_new[model][n] / layer_new[model][1]);
+                printf("  cols %2d: stock-like %7.1f (%.2f)  repacked %7.1f (%.2f)  native %7.1f (%.2f)\n", n,
+                       n <= 8 ? layer_stock[model][n] : 0.0, layer_stock[model][n] / layer_stock[model][1],
+                       layer_new[model][n], layer_new[model][n] / layer_new[model][1], layer_nat[model][n],
+                       layer_nat[model][n] / layer_nat[model][1]);
         }
     }
     CHECK(cudaStreamDestroy(s));
