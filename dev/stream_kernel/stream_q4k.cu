@@ -1,10 +1,14 @@
-// Streaming multi-column Q4_K kernel (issue 46, docs/decisions/0046) and its standalone harness.
+// Streaming multi-column Q4_K and Q6_K kernels (issue 46, docs/decisions/0046) and their
+// standalone harness.
 //
 // Build (one arch at a time when iterating):
 //   nvcc -O3 -std=c++17 -arch=sm_90 -o stream_q4k dev/stream_kernel/stream_q4k.cu
 //   (-arch=sm_80 and -arch=sm_89 compile the same source; the kernel needs sm_80's cp.async and
 //   int8 mma.sync.)
 // Run: ./stream_q4k [--quick]   (prints the check, then one timing table per shape)
+//      ./stream_q4k --emulate      (no GPU: the layouts and the mma fragment rules on the CPU)
+// Q6_K (the other type of a Q4_K_M file) takes the same design in its own repacked tile
+// (TILE6_U4): one m16n8k16 mma per 16-weight group under its int8 scale, the same activations.
 //
 // What it computes: dst[c][r] = sum_k W[r][k] * A[c][k] for a Q4_K matrix W (M rows of K weights,
 // ggml's block_q4_K exactly) and n = 1..16 activation columns quantized to q8_1 as ggml's
@@ -85,6 +89,14 @@ struct block_q8_1 {   // 36 bytes, 32 values: x ~ d*q; s = sum of x (ggml's quan
 };
 static_assert(sizeof(block_q8_1) == 36, "block_q8_1");
 
+struct block_q6_K {   // 210 bytes, 256 weights in 16 groups of 16: w = d*sc_G*(q - 32), q 6 bits
+    uint8_t ql[QK_K / 2];      // per half (128 weights): byte b low nibble = weight b, high = b+64
+    uint8_t qh[QK_K / 4];      // per half: byte l, bits 2i..2i+1 = high bits of weight l + 32i
+    int8_t scales[QK_K / 16];  // per group of 16
+    half d;
+};
+static_assert(sizeof(block_q6_K) == 210, "block_q6_K");
+
 // ggml's get_scale_min_k4
 __host__ __device__ inline void scale_min_k4(int j, const uint8_t *q, uint8_t &d, uint8_t &m) {
     if (j < 4) {
@@ -96,10 +108,28 @@ __host__ __device__ inline void scale_min_k4(int j, const uint8_t *q, uint8_t &d
     }
 }
 
+// weight i (0..255) of a super-block as ggml's dequantize_row_q4_K / _q6_K computes it in fp32
+__host__ __device__ inline float deq_q4k(const block_q4_K &b, int i) {
+    const int j = i / 32, l = i % 32;
+    uint8_t sc, m;
+    scale_min_k4(j, b.scales, sc, m);
+    const float d1 = __half2float(b.d) * sc, m1 = __half2float(b.dmin) * m;
+    const int q = (j & 1) ? (b.qs[32 * (j / 2) + l] >> 4) : (b.qs[32 * (j / 2) + l] & 0xF);
+    return d1 * q - m1;
+}
+__host__ __device__ inline float deq_q6k(const block_q6_K &b, int i) {
+    const int n = i / 128, w = i % 128, l = w % 32, quarter = w / 32;
+    const uint8_t qlb = b.ql[64 * n + (quarter & 1) * 32 + l];
+    const int lo = quarter >= 2 ? (qlb >> 4) : (qlb & 0xF);
+    const int hi = (b.qh[32 * n + l] >> (2 * quarter)) & 3;
+    const int q = (lo | (hi << 4)) - 32;
+    return __half2float(b.d) * (b.scales[8 * n + l / 16 + 2 * quarter] * q);
+}
+
 // ---------------------------------------------------------------- reference: fp32 dequant, fp64 sum
 // One warp a row, every column (up to 16) at once; lanes split the super-blocks.
-__global__ void ref_kernel(const block_q4_K *__restrict__ W, const block_q8_1 *__restrict__ A, float *dst,
-                           int M, int K) {
+template <bool Q6>
+__global__ void ref_kernel(const void *__restrict__ Wv, const block_q8_1 *__restrict__ A, float *dst, int M, int K) {
     constexpr int ncols = 16;
     const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
@@ -109,21 +139,14 @@ __global__ void ref_kernel(const block_q4_K *__restrict__ W, const block_q8_1 *_
 #pragma unroll
     for (int c = 0; c < 16; ++c) acc[c] = 0.0;
     for (int kb = lane; kb < KB; kb += 32) {
-        const block_q4_K &b = W[(size_t)row * KB + kb];
-        const float d = __half2float(b.d), dmin = __half2float(b.dmin);
-        for (int j = 0; j < 8; ++j) {
-            uint8_t sc, m;
-            scale_min_k4(j, b.scales, sc, m);
-            const float d1 = d * sc, m1 = dmin * m;
-#pragma unroll 4
-            for (int l = 0; l < 32; ++l) {
-                const int q = (j & 1) ? (b.qs[32 * (j / 2) + l] >> 4) : (b.qs[32 * (j / 2) + l] & 0xF);
-                const float w = d1 * q - m1;   // dequantize_row_q4_K's fp32 value
+        for (int i = 0; i < QK_K; ++i) {
+            const float w = Q6 ? deq_q6k(((const block_q6_K *)Wv)[(size_t)row * KB + kb], i)
+                               : deq_q4k(((const block_q4_K *)Wv)[(size_t)row * KB + kb], i);
+            const int j = i / 32, l = i % 32;
 #pragma unroll
-                for (int c = 0; c < ncols; ++c) {
-                    const block_q8_1 &a = A[(size_t)c * (K / QK8_1) + kb * 8 + j];
-                    acc[c] += (double)w * (double)(__half2float(a.d) * a.qs[l]);
-                }
+            for (int c = 0; c < ncols; ++c) {
+                const block_q8_1 &a = A[(size_t)c * (K / QK8_1) + kb * 8 + j];
+                acc[c] += (double)w * (double)(__half2float(a.d) * a.qs[l]);
             }
         }
     }
@@ -171,30 +194,66 @@ __device__ __forceinline__ float vdot_q4k(const block_q4_K *__restrict__ bx, con
     return dm.x * sumf_d - dm.y * sumf_m;
 }
 
+// vec_dot_q6_K_q8_1's arithmetic (vdr 1): iqs = 0..31 picks one int of ql and the matching
+// 2-bit fields of qh, for two 16-weight groups 64 weights apart, against one int of each of two
+// q8_1 blocks.
+__device__ __forceinline__ int int_b2(const void *p, int i) {   // an int from 2-byte aligned bytes
+    const uint16_t *x = (const uint16_t *)p;
+    return (int)(x[2 * i] | ((uint32_t)x[2 * i + 1] << 16));
+}
+__device__ __forceinline__ float vdot_q6k(const block_q6_K *__restrict__ bx, const block_q8_1 *__restrict__ by,
+                                          int iqs) {
+    const int bq8_offset = 4 * (iqs / 16) + (iqs % 16) / 8;
+    const int scale_offset = 8 * (iqs / 16) + (iqs % 16) / 4;
+    const int vh_shift = 2 * ((iqs % 16) / 8);
+    const int vl = int_b2(bx->ql, iqs);
+    const int vh = int_b2(bx->qh, 8 * (iqs / 16) + iqs % 8) >> vh_shift;
+    const int8_t *scales = bx->scales + scale_offset;
+    float sumf = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const block_q8_1 *b8 = by + bq8_offset + 2 * i;
+        const int u = ((const int *)b8->qs)[iqs % 8];
+        const float d8 = __low2float(*(const half2 *)b8);
+        const int sc = scales[4 * i];
+        const int vil = (vl >> (4 * i)) & 0x0F0F0F0F;
+        const int vih = ((vh >> (4 * i)) << 4) & 0x30303030;
+        const int vi = __vsub4(vil | vih, 0x20202020);
+        sumf += d8 * (dp4a(vi, u, 0) * sc);
+    }
+    return __half2float(bx->d) * sumf;
+}
+
 template <int NCOLS> struct mmvq_params {
     static constexpr int nwarps = NCOLS <= 4 ? 4 : 2;   // ggml's calc_nwarps, generic table
     static constexpr int rows = NCOLS == 1 ? 1 : 2;     // calc_rows_per_block
 };
 
-template <int NCOLS>
+template <int NCOLS, bool Q6>
 __global__ void __launch_bounds__(mmvq_params<NCOLS>::nwarps * 32, 1)
-    mmvq_like(const block_q4_K *__restrict__ W, const block_q8_1 *__restrict__ A, float *__restrict__ dst, int M,
-              int K, int stride_col_y) {
+    mmvq_like(const void *__restrict__ W, const block_q8_1 *__restrict__ A, float *__restrict__ dst, int M, int K,
+              int stride_col_y) {
     constexpr int NW = mmvq_params<NCOLS>::nwarps, RPB = mmvq_params<NCOLS>::rows;
     const int tid = 32 * threadIdx.y + threadIdx.x;
     const int row0 = RPB * blockIdx.x;
     const int bpr = K / QK_K;
-    constexpr int blocks_per_iter = 2 * NW;   // vdr * nwarps * 32 / qi, vdr 2, qi 32
+    // vdr * nwarps * 32 / qi: Q4_K vdr 2, qi 32 (16 threads a super-block); Q6_K vdr 1, qi 32
+    constexpr int tpb = Q6 ? 32 : 16;
+    constexpr int blocks_per_iter = NW * 32 / tpb;
     float tmp[NCOLS][RPB] = {};
-    for (int kbx = tid / 16; kbx < bpr; kbx += blocks_per_iter) {
+    for (int kbx = tid / tpb; kbx < bpr; kbx += blocks_per_iter) {
         const int kby = kbx * (QK_K / QK8_1);
-        const int kqs = 2 * (tid % 16);
+        const int kqs = Q6 ? tid % 32 : 2 * (tid % 16);
 #pragma unroll
         for (int j = 0; j < NCOLS; ++j)
 #pragma unroll
             for (int i = 0; i < RPB; ++i) {
                 const int r = min(row0 + i, M - 1);
-                tmp[j][i] += vdot_q4k(W + (size_t)r * bpr + kbx, A + (size_t)j * stride_col_y + kby, kqs);
+                const block_q8_1 *y = A + (size_t)j * stride_col_y + kby;
+                if (Q6)
+                    tmp[j][i] += vdot_q6k((const block_q6_K *)W + (size_t)r * bpr + kbx, y, kqs);
+                else
+                    tmp[j][i] += vdot_q4k((const block_q4_K *)W + (size_t)r * bpr + kbx, y, kqs);
             }
     }
     __shared__ float tmp_shared[NW > 1 ? NW - 1 : 1][NCOLS][RPB][32];
@@ -263,16 +322,42 @@ __device__ __forceinline__ void mma_s8(int (&c)[4], uint32_t a0, uint32_t a1, ui
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(z));
 }
 
+// m16n8k16: A 16x16 (a0 row g, a1 row g+8, k = 4t..4t+3), B 16x8 (b0: k = 4t..4t+3, column g)
+__device__ __forceinline__ void mma_s8_k16(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t b0) {
+    const int z = 0;
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%7,%7,%7,%7};\n"
+        : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
+        : "r"(a0), "r"(a1), "r"(b0), "r"(z));
+}
+
 // int -> float, exact for |x| < 2^22 (a sub-block's sum is at most 32*15*127 = 60960): two
 // full-rate ops instead of the quarter-rate I2F.
 __device__ __forceinline__ float i2f_small(int x) { return __int_as_float(x + 0x4B400000) - 12582912.0f; }
 __device__ __forceinline__ float u8f(uint32_t w, int byte) {
     return __uint_as_float(((w >> (8 * byte)) & 0xFFu) | 0x4B000000u) - 8388608.0f;
 }
+__device__ __forceinline__ float s8f(uint32_t w, int byte) {   // the byte as int8
+    return __uint_as_float((((w >> (8 * byte)) & 0xFFu) ^ 0x80u) | 0x4B000000u) - 8388736.0f;
+}
 
-template <int MT, int NT, int STAGES> struct stream_cfg {
+// Q6_K's repacked tile: 16 rows x one super-block = 3360 bytes = 210 uint4 (ggml's 16 blocks'
+// size; ggml's own rows cannot be streamed: a 210-byte block is only 2-byte aligned):
+//   uint4 [v*32 + lane], v = 2n + qq (n: half of the super-block, qq = 0, 1):
+//     {row g: ql int at 64n + 32qq + 4t, row g+8: same, row g: ql int at 64n + 32qq + 16 + 4t,
+//      row g+8: same}: the low nibbles of group-in-half Gl = 2qq (first pair) / 2qq+1, the
+//      high nibbles of Gl + 4 (a group is 16 weights; ql byte b holds weights b and b + 64)
+//   uint4 [128 + n*32 + lane]: {row g: qh int at 32n + 4t, row g+8: same, row g: qh int at
+//     32n + 16 + 4t, row g+8: same}: 2-bit fields of groups Gl = 0,2,4,6 (first pair) / 1,3,5,7
+//   uint4 [192 + r]: row r's 16 int8 scales;  uint4 [208], [209]: rows 0-7's and 8-15's fp16 d.
+// The mma is m16n8k16, one a 16-weight group; its B fragment is b0 (group 2j) or b1 (group
+// 2j+1) of q8_1 block j: the activation layout is Q4_K's.
+constexpr int TILE6_U4 = 210;
+
+template <int MT, int NT, int STAGES, bool Q6 = false> struct stream_cfg {
     static constexpr int WARPS = 4;
-    static constexpr int W_U4 = WARPS * MT * TILE_U4;   // a stage's weights (all warps)
+    static constexpr int TILE = Q6 ? TILE6_U4 : TILE_U4;
+    static constexpr int W_U4 = WARPS * MT * TILE;      // a stage's weights (all warps)
     static constexpr int A_U4 = NT * ACT_U4;            // a stage's activations (shared by the warps)
     static constexpr int STAGE_U4 = W_U4 + A_U4;
     static constexpr int SMEM = STAGES * STAGE_U4 * 16;
@@ -287,11 +372,14 @@ template <int MT, int NT, int STAGES> struct stream_cfg {
 // are gathered from shared memory with 4-byte reads (rows 36 words apart: lanes (g, t) fall in
 // banks 4g + t + const, no conflicts). No repack, so no load-time step and no second layout
 // for ggml's other kernels (prefill's mul_mat_q, get_rows) to cope with.
-template <int MT, int NT, int STAGES, bool NATIVE>
+// Q6 = true: Q6_K in its repacked tiles (TILE6_U4), NATIVE must be false.
+template <int MT, int NT, int STAGES, bool NATIVE, bool Q6 = false>
 __global__ void __launch_bounds__(128)
     stream_q4k(const uint4 *__restrict__ Wr, const uint4 *__restrict__ Ar, float *__restrict__ dst,
                float *__restrict__ ws, int *__restrict__ tickets, int M, int KB, int act_nt, int ncols) {
-    using C = stream_cfg<MT, NT, STAGES>;
+    static_assert(!(Q6 && NATIVE), "Q6_K streams its repacked tiles only");
+    using C = stream_cfg<MT, NT, STAGES, Q6>;
+    constexpr int TILE = C::TILE;
     extern __shared__ uint4 smem[];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int g = lane >> 2, t = lane & 3;
@@ -303,21 +391,21 @@ __global__ void __launch_bounds__(128)
     // this warp's weight stream: m-tile (mtile0+i), super-block kb at Wr[((mtile0+i)*KB + kb)*144]
     auto load_stage = [&](int slot, int kb) {
         uint4 *st = smem + slot * C::STAGE_U4;
-        uint4 *sw = st + warp * MT * TILE_U4;
+        uint4 *sw = st + warp * MT * TILE;
 #pragma unroll
         for (int i = 0; i < MT; ++i) {
             if (NATIVE) {
 #pragma unroll
-                for (int u = lane; u < TILE_U4; u += 32) {
+                for (int u = lane; u < TILE; u += 32) {
                     const int r = (mtile0 + i) * 16 + u / 9;
                     const bool ok = r < M;
                     const uint4 *src = Wr + ((size_t)(ok ? r : 0) * KB + kb) * 9 + u % 9;
-                    cp_async16_zfill(sw + i * TILE_U4 + u, src, ok);
+                    cp_async16_zfill(sw + i * TILE + u, src, ok);
                 }
             } else {
-                const uint4 *src = Wr + ((size_t)(mtile0 + i) * KB + kb) * TILE_U4;
+                const uint4 *src = Wr + ((size_t)(mtile0 + i) * KB + kb) * TILE;
 #pragma unroll
-                for (int u = lane; u < TILE_U4; u += 32) cp_async16(sw + i * TILE_U4 + u, src + u);
+                for (int u = lane; u < TILE; u += 32) cp_async16(sw + i * TILE + u, src + u);
             }
         }
         const uint4 *asrc = Ar + (size_t)kb * act_nt * ACT_U4;
@@ -348,9 +436,10 @@ __global__ void __launch_bounds__(128)
             cp_async_commit();
         }
         const uint4 *st = smem + (it % STAGES) * C::STAGE_U4;
-        const uint4 *sw = st + warp * MT * TILE_U4;
+        const uint4 *sw = st + warp * MT * TILE;
         const uint4 *sa = st + C::W_U4;
 
+        if constexpr (!Q6) {
         // scales of rows g and g+8 of each m-tile: 6-bit values unpacked 4 to a word
         // (get_scale_min_k4: scales 0-3 and mins 0-3 are bytes 0-7's low 6 bits; 4-7 take the
         // low / high nibbles of bytes 8-11 and the top 2 bits of bytes 0-3 / 4-7)
@@ -360,7 +449,7 @@ __global__ void __launch_bounds__(128)
         for (int i = 0; i < MT; ++i)
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-                const uint4 s = NATIVE ? sw[i * TILE_U4 + 9 * (g + 8 * h)] : sw[i * TILE_U4 + 128 + g + 8 * h];
+                const uint4 s = NATIVE ? sw[i * TILE + 9 * (g + 8 * h)] : sw[i * TILE + 128 + g + 8 * h];
                 const float2 dm = __half22float2(*(const half2 *)&s.x);
                 dd[i][h] = dm.x;
                 dmn[i][h] = dm.y;
@@ -388,13 +477,13 @@ __global__ void __launch_bounds__(128)
             for (int i = 0; i < MT; ++i) {
                 uint4 aq;
                 if (NATIVE) {   // words of row r's qs: 36r + 4 + byte/4
-                    const uint32_t *w32 = (const uint32_t *)(sw + i * TILE_U4);
+                    const uint32_t *w32 = (const uint32_t *)(sw + i * TILE);
                     aq.x = w32[36 * g + 4 + 8 * p + t];
                     aq.y = w32[36 * (g + 8) + 4 + 8 * p + t];
                     aq.z = w32[36 * g + 4 + 8 * p + 4 + t];
                     aq.w = w32[36 * (g + 8) + 4 + 8 * p + 4 + t];
                 } else {
-                    aq = sw[i * TILE_U4 + p * 32 + lane];
+                    aq = sw[i * TILE + p * 32 + lane];
                 }
 #pragma unroll
                 for (int hs = 0; hs < 2; ++hs) {   // sub-block j = 2p + hs
@@ -420,6 +509,66 @@ __global__ void __launch_bounds__(128)
                         acc[i][n][1] = fmaf(i2f_small(c[1]), dsc[0] * dc1, acc[i][n][1]) - dmm[0] * sc1;
                         acc[i][n][2] = fmaf(i2f_small(c[2]), dsc[1] * dc0, acc[i][n][2]) - dmm[1] * sc0;
                         acc[i][n][3] = fmaf(i2f_small(c[3]), dsc[1] * dc1, acc[i][n][3]) - dmm[1] * sc1;
+                    }
+                }
+            }
+        }
+        } else {
+            // Q6_K: per m-tile, rows g and g+8: fp16 d and the 16 int8 scales of each
+            float dq[MT][2];
+            uint4 scw[MT][2];
+#pragma unroll
+            for (int i = 0; i < MT; ++i)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const half *dh = (const half *)(sw + i * TILE + 208);
+                    dq[i][h] = __half2float(dh[g + 8 * h]);
+                    scw[i][h] = sw[i * TILE + 192 + g + 8 * h];
+                }
+#pragma unroll
+            for (int n2 = 0; n2 < 2; ++n2) {   // half of the super-block: q8_1 blocks 4*n2 .. 4*n2+3
+#pragma unroll
+                for (int jj = 0; jj < 4; ++jj) {
+                    const int j = 4 * n2 + jj, p = j / 2, hs = j % 2;
+                    uint4 bq[NT];
+                    float4 d8[NT];
+#pragma unroll
+                    for (int n = 0; n < NT; ++n) {
+                        bq[n] = sa[n * ACT_U4 + p * 32 + lane];
+                        const uint4 dv = sa[n * ACT_U4 + 128 + 4 * t + p];
+                        d8[n] = make_float4(__uint_as_float(dv.x), __uint_as_float(dv.y), __uint_as_float(dv.z),
+                                            __uint_as_float(dv.w));
+                    }
+#pragma unroll
+                    for (int i = 0; i < MT; ++i) {
+                        const uint4 lq = sw[i * TILE + (2 * n2 + (jj & 1)) * 32 + lane];
+                        const uint4 hq = sw[i * TILE + 128 + n2 * 32 + lane];
+#pragma unroll
+                        for (int e = 0; e < 2; ++e) {   // group G = 2j + e; in its half Gl = 2jj + e
+                            const int Gl = 2 * jj + e, G = 8 * n2 + Gl;
+                            const int nib = 4 * (Gl / 4), hsh = 2 * (Gl / 2);
+                            // ql int: first pair (x, y) holds Gl % 4 = 2qq, second (z, w) 2qq+1
+                            const uint32_t l0 = (Gl & 1) ? lq.z : lq.x, l1 = (Gl & 1) ? lq.w : lq.y;
+                            const uint32_t h0 = (Gl & 1) ? hq.z : hq.x, h1 = (Gl & 1) ? hq.w : hq.y;
+                            const uint32_t a0 = __vsub4(((l0 >> nib) & 0x0F0F0F0Fu) | (((h0 >> hsh) & 0x03030303u) << 4),
+                                                        0x20202020u);
+                            const uint32_t a1 = __vsub4(((l1 >> nib) & 0x0F0F0F0Fu) | (((h1 >> hsh) & 0x03030303u) << 4),
+                                                        0x20202020u);
+                            const uint32_t sw0 = G < 4 ? scw[i][0].x : G < 8 ? scw[i][0].y : G < 12 ? scw[i][0].z : scw[i][0].w;
+                            const uint32_t sw1 = G < 4 ? scw[i][1].x : G < 8 ? scw[i][1].y : G < 12 ? scw[i][1].z : scw[i][1].w;
+                            const float ds0 = dq[i][0] * s8f(sw0, G & 3), ds1 = dq[i][1] * s8f(sw1, G & 3);
+#pragma unroll
+                            for (int n = 0; n < NT; ++n) {
+                                const uint32_t b0 = e ? (hs ? bq[n].w : bq[n].y) : (hs ? bq[n].z : bq[n].x);
+                                int c[4];
+                                mma_s8_k16(c, a0, a1, b0);
+                                const float dc0 = hs ? d8[n].z : d8[n].x, dc1 = hs ? d8[n].w : d8[n].y;
+                                acc[i][n][0] = fmaf(i2f_small(c[0]), ds0 * dc0, acc[i][n][0]);
+                                acc[i][n][1] = fmaf(i2f_small(c[1]), ds0 * dc1, acc[i][n][1]);
+                                acc[i][n][2] = fmaf(i2f_small(c[2]), ds1 * dc0, acc[i][n][2]);
+                                acc[i][n][3] = fmaf(i2f_small(c[3]), ds1 * dc1, acc[i][n][3]);
+                            }
+                        }
                     }
                 }
             }
@@ -499,14 +648,51 @@ __host__ __device__ inline uint4 repack_elem(const block_q4_K *W, int M, int KB,
     return out;
 }
 
+// Q6_K's tile (TILE6_U4 above): element u of tile (mtile, kb)
+__host__ __device__ inline uint4 repack6_elem(const block_q6_K *W, int M, int KB, int mtile, int kb, int u) {
+    uint4 out = make_uint4(0, 0, 0, 0);
+    if (u < 192) {
+        const bool high = u >= 128;
+        const int v = (high ? u - 128 : u) / 32, lane = u % 32, g = lane >> 2, t = lane & 3;
+        const int r0 = mtile * 16 + g, r1 = r0 + 8;
+        auto qint = [&](int r, int off) -> uint32_t {
+            if (r >= M) return 0u;
+            const block_q6_K &b = W[(size_t)r * KB + kb];
+            uint32_t x;
+            memcpy(&x, (high ? b.qh : b.ql) + off, 4);
+            return x;
+        };
+        // ql: v = 2n + qq, offsets 64n + 32qq (+16); qh: v = n, offsets 32n (+16)
+        const int base = high ? 32 * v : 64 * (v / 2) + 32 * (v % 2);
+        out.x = qint(r0, base + 4 * t);
+        out.y = qint(r1, base + 4 * t);
+        out.z = qint(r0, base + 16 + 4 * t);
+        out.w = qint(r1, base + 16 + 4 * t);
+    } else if (u < 208) {
+        const int r = mtile * 16 + (u - 192);
+        if (r < M) memcpy(&out, W[(size_t)r * KB + kb].scales, 16);
+    } else {
+        uint16_t dh[8] = {};
+        for (int k = 0; k < 8; ++k) {
+            const int r = mtile * 16 + 8 * (u - 208) + k;
+            if (r < M) memcpy(&dh[k], &W[(size_t)r * KB + kb].d, 2);
+        }
+        memcpy(&out, dh, 16);
+    }
+    return out;
+}
+
 // one thread a uint4 of the output
-__global__ void repack_q4k(const block_q4_K *__restrict__ W, uint4 *__restrict__ Wr, int M, int KB, int Mpad) {
+template <bool Q6>
+__global__ void repack_kernel(const void *__restrict__ W, uint4 *__restrict__ Wr, int M, int KB, int Mpad) {
+    constexpr int TU = Q6 ? TILE6_U4 : TILE_U4;
     const size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    const size_t total = (size_t)(Mpad / 16) * KB * TILE_U4;
+    const size_t total = (size_t)(Mpad / 16) * KB * TU;
     if (idx >= total) return;
-    const int u = (int)(idx % TILE_U4);
-    const size_t tile = idx / TILE_U4;
-    Wr[idx] = repack_elem(W, M, KB, (int)(tile / KB), (int)(tile % KB), u);
+    const int u = (int)(idx % TU);
+    const size_t tile = idx / TU;
+    Wr[idx] = Q6 ? repack6_elem((const block_q6_K *)W, M, KB, (int)(tile / KB), (int)(tile % KB), u)
+                 : repack_elem((const block_q4_K *)W, M, KB, (int)(tile / KB), (int)(tile % KB), u);
 }
 
 // ---------------------------------------------------------------- host side
@@ -521,6 +707,23 @@ static inline float rndu() { return (rnd() >> 40) * (1.0f / 16777216.0f); }
 static inline float rndn() {
     const float u1 = std::max(rndu(), 1e-7f), u2 = rndu();
     return sqrtf(-2.0f * logf(u1)) * cosf(6.2831853f * u2);
+}
+
+// Q6_K: random 6-bit values, int8 scales of either sign, d small and finite
+static void make_weights6(std::vector<block_q6_K> &W, int M, int K) {
+    W.resize((size_t)M * (K / QK_K));
+    for (auto &b : W) {
+        for (int i = 0; i < QK_K / 2; i += 8) {
+            const uint64_t v = rnd();
+            memcpy(b.ql + i, &v, 8);
+        }
+        for (int i = 0; i < QK_K / 4; i += 8) {
+            const uint64_t v = rnd();
+            memcpy(b.qh + i, &v, 8);
+        }
+        for (int i = 0; i < QK_K / 16; ++i) b.scales[i] = (int8_t)rnd();
+        b.d = __float2half(0.00005f + 0.0002f * rndu());
+    }
 }
 
 static void make_weights(std::vector<block_q4_K> &W, int M, int K) {
@@ -593,6 +796,7 @@ static void make_acts(int K, std::vector<block_q8_1> &A, std::vector<uint4> &Ar)
 struct Shape {
     const char *name;
     int M, K;
+    bool q6;   // Q6_K (else Q4_K)
 };
 
 struct Cfg {
@@ -602,11 +806,12 @@ struct Cfg {
 
 typedef void (*stream_fn)(const uint4 *, const uint4 *, float *, float *, int *, int, int, int, int);
 
-static stream_fn pick(int mt, int nt, int stages, int *smem, bool native = false) {
-#define PICK(A, B, S)                                                      \
-    if (mt == A && nt == B && stages == S) {                               \
-        *smem = stream_cfg<A, B, S>::SMEM;                                 \
-        return native ? stream_q4k<A, B, S, true> : stream_q4k<A, B, S, false>; \
+static stream_fn pick(int mt, int nt, int stages, int *smem, bool native = false, bool q6 = false) {
+#define PICK(A, B, S)                                                                                 \
+    if (mt == A && nt == B && stages == S) {                                                          \
+        *smem = q6 ? stream_cfg<A, B, S, true>::SMEM : stream_cfg<A, B, S>::SMEM;                     \
+        return q6 ? stream_q4k<A, B, S, false, true>                                                  \
+                  : (native ? stream_q4k<A, B, S, true> : stream_q4k<A, B, S, false>);                \
     }
     PICK(1, 1, 4) PICK(1, 2, 4) PICK(2, 1, 4) PICK(2, 2, 4)
     PICK(1, 1, 3) PICK(1, 2, 3) PICK(2, 1, 3) PICK(2, 2, 3)
@@ -617,9 +822,10 @@ static stream_fn pick(int mt, int nt, int stages, int *smem, bool native = false
 }
 
 struct Dev {
+    bool q6;
     int M, K, KB, Mpad, copies;
     size_t wbytes;                  // one copy, ggml's layout (= repacked size for Mpad == M)
-    std::vector<block_q4_K *> W;    // copies, ggml's layout
+    std::vector<uint8_t *> W;       // copies, ggml's layout
     std::vector<uint4 *> Wr;        // copies, repacked
     block_q8_1 *A;
     uint4 *Ar;
@@ -629,7 +835,7 @@ struct Dev {
 
 static void launch_stream(const Dev &d, int c, const Cfg &cfg, int ncols, cudaStream_t s) {
     int smem;
-    stream_fn fn = pick(cfg.mt, cfg.nt, cfg.stages, &smem, cfg.native);
+    stream_fn fn = pick(cfg.mt, cfg.nt, cfg.stages, &smem, cfg.native, d.q6);
     const int rows = 64 * cfg.mt;
     dim3 grid(cfg.native ? (d.M + rows - 1) / rows : d.Mpad / rows, cfg.splits);
     fn<<<grid, 128, smem, s>>>(cfg.native ? (const uint4 *)d.W[c] : d.Wr[c], d.Ar, d.dst, d.ws, d.tickets, d.M,
@@ -642,7 +848,10 @@ static void launch_mmvq(const Dev &d, int c, int ncols, cudaStream_t s) {
     case N: {                                                                                       \
         dim3 blk(32, mmvq_params<N>::nwarps);                                                       \
         dim3 grid((d.M + mmvq_params<N>::rows - 1) / mmvq_params<N>::rows);                         \
-        mmvq_like<N><<<grid, blk, 0, s>>>(d.W[c], d.A, d.dst, d.M, d.K, syc);                       \
+        if (d.q6)                                                                                   \
+            mmvq_like<N, true><<<grid, blk, 0, s>>>(d.W[c], d.A, d.dst, d.M, d.K, syc);             \
+        else                                                                                        \
+            mmvq_like<N, false><<<grid, blk, 0, s>>>(d.W[c], d.A, d.dst, d.M, d.K, syc);            \
     } break;
     switch (ncols) { L(1) L(2) L(3) L(4) L(5) L(6) L(7) L(8) default: exit(2); }
 #undef L
@@ -650,17 +859,24 @@ static void launch_mmvq(const Dev &d, int c, int ncols, cudaStream_t s) {
 
 static const int MAXSPLIT = 16;
 
-static Dev setup(int M, int K, size_t l2, bool timing) {
+static Dev setup(int M, int K, size_t l2, bool timing, bool q6 = false) {
     Dev d;
+    d.q6 = q6;
     d.M = M;
     d.K = K;
     d.KB = K / QK_K;
     d.Mpad = (M + ROW_PAD - 1) / ROW_PAD * ROW_PAD;
-    d.wbytes = (size_t)M * d.KB * sizeof(block_q4_K);
-    const size_t rbytes = (size_t)d.Mpad / 16 * d.KB * TILE_U4 * 16;
+    const int TU = q6 ? TILE6_U4 : TILE_U4;
+    d.wbytes = (size_t)M * d.KB * (q6 ? sizeof(block_q6_K) : sizeof(block_q4_K));
+    const size_t rbytes = (size_t)d.Mpad / 16 * d.KB * TU * 16;
     d.copies = timing ? (int)std::max<size_t>(2, (3 * l2 + d.wbytes - 1) / d.wbytes) : 1;
-    std::vector<block_q4_K> hW;
-    make_weights(hW, M, K);
+    std::vector<block_q4_K> hW4;
+    std::vector<block_q6_K> hW6;
+    if (q6)
+        make_weights6(hW6, M, K);
+    else
+        make_weights(hW4, M, K);
+    const void *hW = q6 ? (const void *)hW6.data() : (const void *)hW4.data();
     std::vector<block_q8_1> hA;
     std::vector<uint4> hAr;
     make_acts(K, hA, hAr);
@@ -670,7 +886,7 @@ static Dev setup(int M, int K, size_t l2, bool timing) {
         CHECK(cudaMalloc(&d.W[c], d.wbytes));
         CHECK(cudaMalloc(&d.Wr[c], rbytes));
         if (c == 0)
-            CHECK(cudaMemcpy(d.W[0], hW.data(), d.wbytes, cudaMemcpyHostToDevice));
+            CHECK(cudaMemcpy(d.W[0], hW, d.wbytes, cudaMemcpyHostToDevice));
         else
             CHECK(cudaMemcpy(d.W[c], d.W[0], d.wbytes, cudaMemcpyDeviceToDevice));
     }
@@ -684,13 +900,16 @@ static Dev setup(int M, int K, size_t l2, bool timing) {
     CHECK(cudaMalloc(&d.tickets, (size_t)d.Mpad / 64 * sizeof(int)));
     CHECK(cudaMemset(d.tickets, 0, (size_t)d.Mpad / 64 * sizeof(int)));
     // repack every copy, timing the first (the load-time cost of the layout)
-    const size_t total = (size_t)d.Mpad / 16 * d.KB * TILE_U4;
+    const size_t total = (size_t)d.Mpad / 16 * d.KB * TU;
     cudaEvent_t e0, e1;
     CHECK(cudaEventCreate(&e0));
     CHECK(cudaEventCreate(&e1));
     for (int c = 0; c < d.copies; ++c) {
         if (c == 0) CHECK(cudaEventRecord(e0));
-        repack_q4k<<<(unsigned)((total + 255) / 256), 256>>>(d.W[c], d.Wr[c], M, d.KB, d.Mpad);
+        if (q6)
+            repack_kernel<true><<<(unsigned)((total + 255) / 256), 256>>>(d.W[c], d.Wr[c], M, d.KB, d.Mpad);
+        else
+            repack_kernel<false><<<(unsigned)((total + 255) / 256), 256>>>(d.W[c], d.Wr[c], M, d.KB, d.Mpad);
         CHECK(cudaGetLastError());
         if (c == 0) CHECK(cudaEventRecord(e1));
     }
@@ -698,13 +917,17 @@ static Dev setup(int M, int K, size_t l2, bool timing) {
     float ms;
     CHECK(cudaEventElapsedTime(&ms, e0, e1));
     if (timing)
-        printf("  repack %dx%d: %.3f ms (%.1f MB, %d copies in rotation, %.0f MB)\n", M, K, ms, d.wbytes / 1e6,
+        printf("  repack %s %dx%d: %.3f ms (%.1f MB, %d copies in rotation, %.0f MB)\n", q6 ? "Q6_K" : "Q4_K", M, K,
+               ms, d.wbytes / 1e6,
                d.copies, d.copies * d.wbytes / 1e6);
     CHECK(cudaEventDestroy(e0));
     CHECK(cudaEventDestroy(e1));
     if (!timing) {
         CHECK(cudaMemset(d.ref, 0xFF, (size_t)16 * M * sizeof(float)));
-        ref_kernel<<<(M + 7) / 8, 256>>>(d.W[0], d.A, d.ref, M, K);
+        if (q6)
+            ref_kernel<true><<<(M + 7) / 8, 256>>>(d.W[0], d.A, d.ref, M, K);
+        else
+            ref_kernel<false><<<(M + 7) / 8, 256>>>(d.W[0], d.A, d.ref, M, K);
         CHECK(cudaGetLastError());
         CHECK(cudaDeviceSynchronize());
     }
@@ -915,12 +1138,118 @@ static int emulate(int M, int K, int ncols) {
     return err < TOL ? 0 : 1;
 }
 
+// Q6_K: the kernel's index arithmetic on the repacked tile, the m16n8k16 fragment rules, against
+// a double reference from ggml's dequantization
+static uint32_t vsub4_host(uint32_t a, uint32_t b) {
+    uint32_t r = 0;
+    for (int k = 0; k < 4; ++k) r |= (uint32_t)(uint8_t)(((a >> 8 * k) & 0xFF) - ((b >> 8 * k) & 0xFF)) << 8 * k;
+    return r;
+}
+static int emulate6(int M, int K, int ncols) {
+    const int KB = K / QK_K, nb = K / QK8_1, Mpad = (M + ROW_PAD - 1) / ROW_PAD * ROW_PAD;
+    std::vector<block_q6_K> W;
+    make_weights6(W, M, K);
+    std::vector<block_q8_1> A;
+    std::vector<uint4> Ar;
+    make_acts(K, A, Ar);
+    std::vector<float> out((size_t)ncols * M, NAN);
+    const int NT = ncols <= 8 ? 1 : 2;
+    for (int mtile = 0; mtile < Mpad / 16; ++mtile) {
+        float acc[32][2][4] = {};
+        for (int kb = 0; kb < KB; ++kb) {
+            uint4 tile[TILE6_U4];
+            for (int u = 0; u < TILE6_U4; ++u) tile[u] = repack6_elem(W.data(), M, KB, mtile, kb, u);
+            const uint4 *sa = Ar.data() + (size_t)kb * 2 * ACT_U4;
+            for (int n2 = 0; n2 < 2; ++n2)
+                for (int jj = 0; jj < 4; ++jj) {
+                    const int j = 4 * n2 + jj, p = j / 2, hs = j % 2;
+                    for (int e = 0; e < 2; ++e) {
+                        const int Gl = 2 * jj + e, G = 8 * n2 + Gl, nib = 4 * (Gl / 4), hsh = 2 * (Gl / 2);
+                        for (int n = 0; n < NT; ++n) {
+                            uint32_t a[32][2], b[32];
+                            for (int L = 0; L < 32; ++L) {
+                                const uint4 lq = tile[(2 * n2 + (jj & 1)) * 32 + L];
+                                const uint4 hq = tile[128 + n2 * 32 + L];
+                                const uint32_t l0 = (Gl & 1) ? lq.z : lq.x, l1 = (Gl & 1) ? lq.w : lq.y;
+                                const uint32_t h0 = (Gl & 1) ? hq.z : hq.x, h1 = (Gl & 1) ? hq.w : hq.y;
+                                a[L][0] = vsub4_host(((l0 >> nib) & 0x0F0F0F0Fu) | (((h0 >> hsh) & 0x03030303u) << 4),
+                                                     0x20202020u);
+                                a[L][1] = vsub4_host(((l1 >> nib) & 0x0F0F0F0Fu) | (((h1 >> hsh) & 0x03030303u) << 4),
+                                                     0x20202020u);
+                                const uint4 bq = sa[n * ACT_U4 + p * 32 + L];
+                                b[L] = e ? (hs ? bq.w : bq.y) : (hs ? bq.z : bq.x);
+                            }
+                            for (int L = 0; L < 32; ++L) {
+                                const int g = L >> 2, t = L & 3;
+                                int c[4];
+                                for (int q = 0; q < 4; ++q) {
+                                    const int row = g + 8 * (q >> 1), col = 2 * t + (q & 1);
+                                    c[q] = 0;
+                                    for (int k = 0; k < 16; ++k) {
+                                        const int LA = 4 * (row % 8) + k / 4, LB = 4 * col + k / 4;
+                                        const int av = (int8_t)(a[LA][row < 8 ? 0 : 1] >> (8 * (k % 4)));
+                                        const int bv = (int8_t)(b[LB] >> (8 * (k % 4)));
+                                        c[q] += av * bv;
+                                    }
+                                }
+                                float ds[2];
+                                for (int h = 0; h < 2; ++h) {
+                                    const half *dh = (const half *)&tile[208];
+                                    const uint4 sw = tile[192 + g + 8 * h];
+                                    const uint32_t w = G < 4 ? sw.x : G < 8 ? sw.y : G < 12 ? sw.z : sw.w;
+                                    ds[h] = __half2float(dh[g + 8 * h]) * (float)(int8_t)(w >> (8 * (G & 3)));
+                                }
+                                float dv[4];
+                                memcpy(dv, &sa[n * ACT_U4 + 128 + 4 * t + p], 16);
+                                const float dc0 = hs ? dv[2] : dv[0], dc1 = hs ? dv[3] : dv[1];
+                                float *ac = acc[L][n];
+                                ac[0] = fmaf((float)c[0], ds[0] * dc0, ac[0]);
+                                ac[1] = fmaf((float)c[1], ds[0] * dc1, ac[1]);
+                                ac[2] = fmaf((float)c[2], ds[1] * dc0, ac[2]);
+                                ac[3] = fmaf((float)c[3], ds[1] * dc1, ac[3]);
+                            }
+                        }
+                    }
+                }
+        }
+        for (int L = 0; L < 32; ++L)
+            for (int n = 0; n < NT; ++n)
+                for (int e = 0; e < 4; ++e) {
+                    const int r = mtile * 16 + (L >> 2) + 8 * (e >> 1), c = n * 8 + 2 * (L & 3) + (e & 1);
+                    if (r < M && c < ncols) out[(size_t)c * M + r] = acc[L][n][e];
+                }
+    }
+    double ss = 0.0, mx = 0.0;
+    for (int r = 0; r < M; ++r)
+        for (int c = 0; c < ncols; ++c) {
+            double v = 0.0;
+            for (int kb = 0; kb < KB; ++kb)
+                for (int i = 0; i < QK_K; ++i) {
+                    const block_q8_1 &a = A[(size_t)c * nb + kb * 8 + i / 32];
+                    v += (double)deq_q6k(W[(size_t)r * KB + kb], i) * (double)(__half2float(a.d) * a.qs[i % 32]);
+                }
+            const float o = out[(size_t)c * M + r];
+            if (!std::isfinite(o)) {
+                printf("emulate6: row %d col %d unwritten\n", r, c);
+                return 1;
+            }
+            ss += v * v;
+            mx = std::max(mx, fabs(o - v));
+        }
+    const double err = mx / std::sqrt(ss / ((double)M * ncols));
+    printf("emulate Q6_K %dx%d, %d cols: max|out-ref|/rms(ref) %.3g %s\n", M, K, ncols, err, err < TOL ? "ok" : "FAIL");
+    return err < TOL ? 0 : 1;
+}
+
 int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "--emulate")) {
         int f = 0;
         f |= emulate(40, 512, 3);
         f |= emulate(72, 768, 16);
         f |= emulate(130, 256, 9);
+        f |= emulate6(40, 512, 3);
+        f |= emulate6(72, 768, 16);
+        f |= emulate6(130, 256, 9);
         return f;
     }
     bool quick = argc > 1 && !strcmp(argv[1], "--quick");
@@ -948,6 +1277,10 @@ int main(int argc, char **argv) {
                 CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
                 CHECK(cudaFuncSetAttribute(pick(mt, nt, st, &smem, true), cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            smem));
+                int smem6;
+                stream_fn fn6 = pick(mt, nt, st, &smem6, false, true);
+                if ((size_t)smem6 <= prop.sharedMemPerBlockOptin)
+                    CHECK(cudaFuncSetAttribute(fn6, cudaFuncAttributeMaxDynamicSharedMemorySize, smem6));
                 int blocks = 0;
                 CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, fn, 128, smem));
                 printf("  config mt=%d nt=%d stages=%d: smem %d B a block, %d blocks/SM here\n", mt, nt, st, smem,
@@ -986,21 +1319,26 @@ int main(int argc, char **argv) {
 
     // ---- correctness: every width, configs, shapes incl. rows not a multiple of the tile
     {
-        const Shape cs[] = {{"odd 1000x3584", 1000, 3584}, {"odd 72x512", 72, 512}, {"7b kv 512x3584", 512, 3584},
-                            {"32b ffn_down 5120x27648", 5120, 27648}};
+        const Shape cs[] = {{"odd 1000x3584", 1000, 3584, false},
+                            {"odd 72x512", 72, 512, false},
+                            {"7b kv 512x3584", 512, 3584, false},
+                            {"32b ffn_down 5120x27648", 5120, 27648, false},
+                            {"Q6_K odd 1000x3584", 1000, 3584, true},
+                            {"Q6_K odd 72x512", 72, 512, true},
+                            {"Q6_K 32b ffn_down 5120x27648", 5120, 27648, true}};
         const Cfg cfgs[] = {{1, 0, 4, 1, false}, {2, 0, 4, 1, false}, {1, 0, 3, 3, false}, {2, 0, 6, 4, false},
                             {1, 0, 4, 16, false}, {1, 0, 4, 1, true},  {2, 0, 4, 1, true},  {1, 0, 3, 3, true},
                             {2, 0, 6, 4, true},   {1, 0, 4, 16, true}};
         double worst_new = 0.0, worst_stock = 0.0;
         int fails = 0;
         for (const Shape &sh : cs) {
-            Dev d = setup(sh.M, sh.K, prop.l2CacheSize, false);
+            Dev d = setup(sh.M, sh.K, prop.l2CacheSize, false, sh.q6);
             for (int n = 1; n <= 16; ++n) {
                 for (Cfg cfg : cfgs) {
                     cfg.nt = n <= 8 ? 1 : 2;
-                    if (cfg.splits > d.KB) continue;
+                    if (cfg.splits > d.KB || (sh.q6 && cfg.native)) continue;
                     int smem;
-                    pick(cfg.mt, cfg.nt, cfg.stages, &smem);
+                    pick(cfg.mt, cfg.nt, cfg.stages, &smem, cfg.native, sh.q6);
                     if ((size_t)smem > prop.sharedMemPerBlockOptin) continue;
                     CHECK(cudaMemset(d.dst, 0xFF, (size_t)16 * sh.M * 4));
                     launch_stream(d, 0, cfg, n, s);
@@ -1054,15 +1392,20 @@ int main(int argc, char **argv) {
         {"7b ffn_gate/up 18944x3584", 18944, 3584}, {"7b ffn_down 3584x18944", 3584, 18944},
         {"32b attn_q/o 5120x5120", 5120, 5120},   {"32b attn_k/v 1024x5120", 1024, 5120},
         {"32b ffn_gate/up 27648x5120", 27648, 5120}, {"32b ffn_down 5120x27648", 5120, 27648},
+        // Q6_K: a Q4_K_M file's output and, in half the layers, ffn_down and attn_v
+        {"Q6_K 7b attn_v 512x3584", 512, 3584, true}, {"Q6_K 7b ffn_down 3584x18944", 3584, 18944, true},
+        {"Q6_K 32b attn_v 1024x5120", 1024, 5120, true}, {"Q6_K 32b ffn_down 5120x27648", 5120, 27648, true},
+        {"Q6_K 7b output 152064x3584", 152064, 3584, true}, {"Q6_K 32b output 152064x5120", 152064, 5120, true},
     };
-    const int nshapes = quick ? 2 : 8;
+    const int nshapes = quick ? 2 : (int)(sizeof shapes / sizeof shapes[0]);
     // per layer: q, k, v, o, gate, up, down (as if all Q4_K): shape index and count
     double layer_stock[2][17] = {}, layer_new[2][17] = {}, layer_nat[2][17] = {};
     const int layer_mult[8] = {2, 2, 2, 1, 2, 2, 2, 1};
     for (int si = 0; si < nshapes; ++si) {
         const Shape &sh = shapes[si];
-        printf("\n%s (%.1f MB of Q4_K)\n", sh.name, (double)sh.M * sh.K / 256 * 144 / 1e6);
-        Dev d = setup(sh.M, sh.K, prop.l2CacheSize, true);
+        printf("\n%s (%.1f MB of %s)\n", sh.name, (double)sh.M * sh.K / 256 * (sh.q6 ? 210 : 144) / 1e6,
+               sh.q6 ? "Q6_K" : "Q4_K");
+        Dev d = setup(sh.M, sh.K, prop.l2CacheSize, true, sh.q6);
         const double bytes = (double)d.wbytes;
         printf("%4s %8s %5s %5s | %8s %5s %5s | %8s %5s %5s | %5s | best: mt/stages/splits repacked, native\n",
                "cols", "stock us", "%bw", "x1col", "repk us", "%bw", "x1col", "natv us", "%bw", "x1col", "speed");
@@ -1074,11 +1417,11 @@ int main(int argc, char **argv) {
             const int nt = n <= 8 ? 1 : 2;
             double best[2] = {1e30, 1e30};
             Cfg bc[2] = {};
-            for (int nat = 0; nat < 2; ++nat) {
+            for (int nat = 0; nat < (sh.q6 ? 1 : 2); ++nat) {
                 std::string others;
                 auto try_cfg = [&](const Cfg &cfg) {
                     int smem;
-                    pick(cfg.mt, cfg.nt, cfg.stages, &smem);
+                    pick(cfg.mt, cfg.nt, cfg.stages, &smem, cfg.native, sh.q6);
                     if ((size_t)smem > prop.sharedMemPerBlockOptin) return;
                     const double t = time_us(d, [&](int c) { launch_stream(d, c, cfg, n, s); }, s);
                     char buf[64];
@@ -1119,9 +1462,15 @@ int main(int argc, char **argv) {
                 snprintf(speed_s, sizeof speed_s, "%4.2fx", ts / std::min(best[0], best[1]));
             else
                 snprintf(speed_s, sizeof speed_s, "%5s", "-");
-            printf("%4d %s | %8.2f %4.0f%% %5.2f | %8.2f %4.0f%% %5.2f | %s | %d/%d/%d %d/%d/%d\n", n, stock_s, best[0],
-                   pbw(best[0]), best[0] / new1[0], best[1], pbw(best[1]), best[1] / new1[1], speed_s, bc[0].mt,
-                   bc[0].stages, bc[0].splits, bc[1].mt, bc[1].stages, bc[1].splits);
+            char nat_s[64];   // Q6_K has no native path
+            if (sh.q6)
+                snprintf(nat_s, sizeof nat_s, "%8s %5s %5s", "-", "-", "-");
+            else
+                snprintf(nat_s, sizeof nat_s, "%8.2f %4.0f%% %5.2f", best[1], pbw(best[1]), best[1] / new1[1]);
+            printf("%4d %s | %8.2f %4.0f%% %5.2f | %s | %s | %d/%d/%d %d/%d/%d\n", n, stock_s, best[0], pbw(best[0]),
+                   best[0] / new1[0], nat_s, speed_s, bc[0].mt, bc[0].stages, bc[0].splits, bc[1].mt, bc[1].stages,
+                   bc[1].splits);
+            if (si >= 8) continue;   // the layer sums: the Q4_K shapes
             const int model = si / 4;
             layer_new[model][n] += layer_mult[si] * best[0];
             layer_nat[model][n] += layer_mult[si] * best[1];
