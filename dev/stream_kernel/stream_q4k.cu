@@ -10,19 +10,20 @@
 // Q6_K (the other type of a Q4_K_M file) takes the same design in its own repacked tile
 // (TILE6_U4): one m16n8k16 mma per 16-weight group under its int8 scale, the same activations.
 //
-// What it computes: dst[c][r] = sum_k W[r][k] * A[c][k] for a Q4_K matrix W (M rows of K weights,
-// ggml's block_q4_K exactly) and n = 1..16 activation columns quantized to q8_1 as ggml's
+// What it computes: dst[c][r] = sum_k W[r][k] * A[c][k] for a Q4_K (or Q6_K) matrix W (M rows of K
+// weights, ggml's block_q4_K / block_q6_K exactly) and n = 1..16 activation columns quantized to q8_1 as ggml's
 // quantize_q8_1 does (32 values a block, d = amax/127 stored as fp16, q = round(x/d)).
 //
 // Three kernels:
-//  - ref_kernel: dequantizes W to fp32 as ggml's dequantize_row_q4_K does and dots it with the
+//  - ref_kernel: dequantizes W to fp32 as ggml's dequantize_row_q4_K (_q6_K) does and dots it with the
 //    dequantized activations (fp16 d times q), accumulating in fp64. The check's reference.
-//  - mmvq_like: ggml-cuda's mul_mat_vec_q pattern for Q4_K, rewritten here with the same
+//  - mmvq_like: ggml-cuda's mul_mat_vec_q pattern for Q4_K (and Q6_K: 32 threads a super-block,
+//    vec_dot_q6_K_q8_1's arithmetic), rewritten here with the same
 //    parameters ggml's generic (NVIDIA) table picks: 4 warps a block for 1-4 columns, 2 warps for
 //    5-8; one row a block for 1 column, 2 rows for 2-8; 16 threads a 256-weight super-block, each
 //    doing 2 ints of quants against 4 ints of q8_1 per column with dp4a; warps reduced through
 //    shared memory. ggml uses it for 1..8 columns (mul_mat_q from 9), so the harness times it there.
-//  - stream_q4k: the new kernel. Weights repacked once (repack_q4k, what a load would do) into
+//  - stream_q4k: the new kernel. Weights repacked once (repack_kernel, what a load would do) into
 //    tiles of 16 rows x 256 weights laid out in the order the tensor cores' int8 mma
 //    (m16n8k32, s8 x s8 -> s32) takes its A fragments, so each lane's loads are 16 bytes and a
 //    warp's 512 contiguous bytes; streamed global -> shared through a multi-stage cp.async
@@ -30,7 +31,8 @@
 //    One mma = one Q4_K sub-block (32 weights, one 6-bit scale and min) times one q8_1 block
 //    (32 values, one d), exactly the integer sum ggml's dp4a path forms; its scales are applied
 //    in fp32 per sub-block, as ggml does. Columns are the mma's N: 1-8 columns one n-tile,
-//    9-16 two, the weights read once for all of them.
+//    9-16 two, the weights read once for all of them. For Q4_K the same kernel also streams
+//    ggml's own rows unchanged (NATIVE), gathering the fragments in shared memory instead.
 //
 // Rules the code keeps (and why):
 //  - Activations are q8_1 (int8) and the weights' 4-bit values go into the mma as int8, not fp16:
@@ -440,79 +442,79 @@ __global__ void __launch_bounds__(128)
         const uint4 *sa = st + C::W_U4;
 
         if constexpr (!Q6) {
-        // scales of rows g and g+8 of each m-tile: 6-bit values unpacked 4 to a word
-        // (get_scale_min_k4: scales 0-3 and mins 0-3 are bytes 0-7's low 6 bits; 4-7 take the
-        // low / high nibbles of bytes 8-11 and the top 2 bits of bytes 0-3 / 4-7)
-        float dd[MT][2], dmn[MT][2];
-        uint32_t sclo[MT][2], schi[MT][2], mlo[MT][2], mhi[MT][2];
+            // scales of rows g and g+8 of each m-tile: 6-bit values unpacked 4 to a word
+            // (get_scale_min_k4: scales 0-3 and mins 0-3 are bytes 0-7's low 6 bits; 4-7 take the
+            // low / high nibbles of bytes 8-11 and the top 2 bits of bytes 0-3 / 4-7)
+            float dd[MT][2], dmn[MT][2];
+            uint32_t sclo[MT][2], schi[MT][2], mlo[MT][2], mhi[MT][2];
 #pragma unroll
-        for (int i = 0; i < MT; ++i)
+            for (int i = 0; i < MT; ++i)
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const uint4 s = NATIVE ? sw[i * TILE + 9 * (g + 8 * h)] : sw[i * TILE + 128 + g + 8 * h];
-                const float2 dm = __half22float2(*(const half2 *)&s.x);
-                dd[i][h] = dm.x;
-                dmn[i][h] = dm.y;
-                sclo[i][h] = s.y & 0x3f3f3f3fu;
-                mlo[i][h] = s.z & 0x3f3f3f3fu;
-                schi[i][h] = (s.w & 0x0f0f0f0fu) | ((s.y >> 2) & 0x30303030u);
-                mhi[i][h] = ((s.w >> 4) & 0x0f0f0f0fu) | ((s.z >> 2) & 0x30303030u);
-            }
+                for (int h = 0; h < 2; ++h) {
+                    const uint4 s = NATIVE ? sw[i * TILE + 9 * (g + 8 * h)] : sw[i * TILE + 128 + g + 8 * h];
+                    const float2 dm = __half22float2(*(const half2 *)&s.x);
+                    dd[i][h] = dm.x;
+                    dmn[i][h] = dm.y;
+                    sclo[i][h] = s.y & 0x3f3f3f3fu;
+                    mlo[i][h] = s.z & 0x3f3f3f3fu;
+                    schi[i][h] = (s.w & 0x0f0f0f0fu) | ((s.y >> 2) & 0x30303030u);
+                    mhi[i][h] = ((s.w >> 4) & 0x0f0f0f0fu) | ((s.z >> 2) & 0x30303030u);
+                }
 
 #pragma unroll
-        for (int p = 0; p < 4; ++p) {
-            uint4 bq[NT];
-            float4 d8[NT], s8[NT];
+            for (int p = 0; p < 4; ++p) {
+                uint4 bq[NT];
+                float4 d8[NT], s8[NT];
 #pragma unroll
-            for (int n = 0; n < NT; ++n) {
-                bq[n] = sa[n * ACT_U4 + p * 32 + lane];
-                const uint4 dv = sa[n * ACT_U4 + 128 + 4 * t + p];
-                const uint4 sv = sa[n * ACT_U4 + 144 + 4 * t + p];
-                d8[n] = make_float4(__uint_as_float(dv.x), __uint_as_float(dv.y), __uint_as_float(dv.z),
-                                    __uint_as_float(dv.w));
-                s8[n] = make_float4(__uint_as_float(sv.x), __uint_as_float(sv.y), __uint_as_float(sv.z),
-                                    __uint_as_float(sv.w));
-            }
-#pragma unroll
-            for (int i = 0; i < MT; ++i) {
-                uint4 aq;
-                if (NATIVE) {   // words of row r's qs: 36r + 4 + byte/4
-                    const uint32_t *w32 = (const uint32_t *)(sw + i * TILE);
-                    aq.x = w32[36 * g + 4 + 8 * p + t];
-                    aq.y = w32[36 * (g + 8) + 4 + 8 * p + t];
-                    aq.z = w32[36 * g + 4 + 8 * p + 4 + t];
-                    aq.w = w32[36 * (g + 8) + 4 + 8 * p + 4 + t];
-                } else {
-                    aq = sw[i * TILE + p * 32 + lane];
+                for (int n = 0; n < NT; ++n) {
+                    bq[n] = sa[n * ACT_U4 + p * 32 + lane];
+                    const uint4 dv = sa[n * ACT_U4 + 128 + 4 * t + p];
+                    const uint4 sv = sa[n * ACT_U4 + 144 + 4 * t + p];
+                    d8[n] = make_float4(__uint_as_float(dv.x), __uint_as_float(dv.y), __uint_as_float(dv.z),
+                                        __uint_as_float(dv.w));
+                    s8[n] = make_float4(__uint_as_float(sv.x), __uint_as_float(sv.y), __uint_as_float(sv.z),
+                                        __uint_as_float(sv.w));
                 }
 #pragma unroll
-                for (int hs = 0; hs < 2; ++hs) {   // sub-block j = 2p + hs
-                    const int sh = 4 * hs;
-                    const uint32_t a0 = (aq.x >> sh) & 0x0F0F0F0Fu, a1 = (aq.y >> sh) & 0x0F0F0F0Fu;
-                    const uint32_t a2 = (aq.z >> sh) & 0x0F0F0F0Fu, a3 = (aq.w >> sh) & 0x0F0F0F0Fu;
-                    const int j = 2 * p + hs, byte = j & 3;
-                    float dsc[2], dmm[2];
-#pragma unroll
-                    for (int h = 0; h < 2; ++h) {
-                        dsc[h] = dd[i][h] * u8f(j < 4 ? sclo[i][h] : schi[i][h], byte);
-                        dmm[h] = dmn[i][h] * u8f(j < 4 ? mlo[i][h] : mhi[i][h], byte);
+                for (int i = 0; i < MT; ++i) {
+                    uint4 aq;
+                    if (NATIVE) {   // words of row r's qs: 36r + 4 + byte/4
+                        const uint32_t *w32 = (const uint32_t *)(sw + i * TILE);
+                        aq.x = w32[36 * g + 4 + 8 * p + t];
+                        aq.y = w32[36 * (g + 8) + 4 + 8 * p + t];
+                        aq.z = w32[36 * g + 4 + 8 * p + 4 + t];
+                        aq.w = w32[36 * (g + 8) + 4 + 8 * p + 4 + t];
+                    } else {
+                        aq = sw[i * TILE + p * 32 + lane];
                     }
 #pragma unroll
-                    for (int n = 0; n < NT; ++n) {
-                        const uint32_t b0 = hs ? bq[n].z : bq[n].x, b1 = hs ? bq[n].w : bq[n].y;
-                        int c[4];
-                        mma_s8(c, a0, a1, a2, a3, b0, b1);
-                        const float dc0 = hs ? d8[n].z : d8[n].x, dc1 = hs ? d8[n].w : d8[n].y;
-                        const float sc0 = hs ? s8[n].z : s8[n].x, sc1 = hs ? s8[n].w : s8[n].y;
-                        // c0: (row g, col 2t), c1: (g, 2t+1), c2: (g+8, 2t), c3: (g+8, 2t+1)
-                        acc[i][n][0] = fmaf(i2f_small(c[0]), dsc[0] * dc0, acc[i][n][0]) - dmm[0] * sc0;
-                        acc[i][n][1] = fmaf(i2f_small(c[1]), dsc[0] * dc1, acc[i][n][1]) - dmm[0] * sc1;
-                        acc[i][n][2] = fmaf(i2f_small(c[2]), dsc[1] * dc0, acc[i][n][2]) - dmm[1] * sc0;
-                        acc[i][n][3] = fmaf(i2f_small(c[3]), dsc[1] * dc1, acc[i][n][3]) - dmm[1] * sc1;
+                    for (int hs = 0; hs < 2; ++hs) {   // sub-block j = 2p + hs
+                        const int sh = 4 * hs;
+                        const uint32_t a0 = (aq.x >> sh) & 0x0F0F0F0Fu, a1 = (aq.y >> sh) & 0x0F0F0F0Fu;
+                        const uint32_t a2 = (aq.z >> sh) & 0x0F0F0F0Fu, a3 = (aq.w >> sh) & 0x0F0F0F0Fu;
+                        const int j = 2 * p + hs, byte = j & 3;
+                        float dsc[2], dmm[2];
+#pragma unroll
+                        for (int h = 0; h < 2; ++h) {
+                            dsc[h] = dd[i][h] * u8f(j < 4 ? sclo[i][h] : schi[i][h], byte);
+                            dmm[h] = dmn[i][h] * u8f(j < 4 ? mlo[i][h] : mhi[i][h], byte);
+                        }
+#pragma unroll
+                        for (int n = 0; n < NT; ++n) {
+                            const uint32_t b0 = hs ? bq[n].z : bq[n].x, b1 = hs ? bq[n].w : bq[n].y;
+                            int c[4];
+                            mma_s8(c, a0, a1, a2, a3, b0, b1);
+                            const float dc0 = hs ? d8[n].z : d8[n].x, dc1 = hs ? d8[n].w : d8[n].y;
+                            const float sc0 = hs ? s8[n].z : s8[n].x, sc1 = hs ? s8[n].w : s8[n].y;
+                            // c0: (row g, col 2t), c1: (g, 2t+1), c2: (g+8, 2t), c3: (g+8, 2t+1)
+                            acc[i][n][0] = fmaf(i2f_small(c[0]), dsc[0] * dc0, acc[i][n][0]) - dmm[0] * sc0;
+                            acc[i][n][1] = fmaf(i2f_small(c[1]), dsc[0] * dc1, acc[i][n][1]) - dmm[0] * sc1;
+                            acc[i][n][2] = fmaf(i2f_small(c[2]), dsc[1] * dc0, acc[i][n][2]) - dmm[1] * sc0;
+                            acc[i][n][3] = fmaf(i2f_small(c[3]), dsc[1] * dc1, acc[i][n][3]) - dmm[1] * sc1;
+                        }
                     }
                 }
             }
-        }
         } else {
             // Q6_K: per m-tile, rows g and g+8: fp16 d and the 16 int8 scales of each
             float dq[MT][2];
