@@ -73,3 +73,33 @@ def test_bench_serve_refuses_what_it_cannot_compare_naming_the_fix(tiny, tmp_pat
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0 and says in proc.stderr, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr and not (tmp_path / "out").exists()
+
+
+# llama.cpp's server binary (dev/build-llama-server.sh builds one for this CPU; on a GPU host
+# dev/gpu-build.sh's /tmp/cb/bin/llama-server): the test of that side runs only where one is named
+LLAMA_SERVER = os.environ.get("LOCALSPEC_TEST_LLAMA_SERVER")
+
+
+@pytest.mark.skipif(not LLAMA_SERVER, reason="set LOCALSPEC_TEST_LLAMA_SERVER to a llama-server binary")
+def test_bench_serve_runs_llama_server_in_each_mode_beside_it(tiny, tmp_path):
+    out = tmp_path / "out"
+    modes = ["plain", "ngram-simple", "ngram-mod", "spec-default", "draft"]
+    proc = subprocess.run(
+        [*CLI, "--model", str(tiny.target_gguf), "--draft", str(tiny.draft_gguf), "--workload", "edit",
+         "--limit", "2", "--max-tokens", "24", "--ctx", "2048", "--configs", "plain", "--threads", "1",
+         "--serve", "--llama-server", LLAMA_SERVER, "--llama-server-modes", ",".join(modes), "--out", str(out)],
+        capture_output=True, text=True, timeout=900, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    via = json.loads((out / "bench.json").read_text())["via_http"]
+    rows = {r["side"]: r for r in via["rows"]}
+    assert list(rows) == ["localspec serve", *(f"llama-server {m}" for m in modes)]
+    assert rows["llama-server plain"]["speedup"] == 1.0
+    for m in modes:
+        row = rows[f"llama-server {m}"]
+        assert row["tokens"] > 0 and row["first_byte_after_prefill_ms"]["median"] >= 0
+        assert all(p[f"llama-server {m}"]["stats"]["prompt_ms"] > 0 for p in via["prompts"])
+    # the tiny target ends these replies within a few tokens, too few for llama-server to draft
+    assert rows["llama-server draft"]["command"][-2:] == ["-md", str(tiny.draft_gguf)]
+    assert rows["llama-server spec-default"]["command"][-1] == "--spec-default"
+    texts = json.loads((out / "completions.json").read_text())
+    assert all(isinstance(t["llama-server ngram-mod"], str) for t in texts)
