@@ -8,7 +8,8 @@ rejection sampling, verify.py), committed in the target's cache and emitted; eve
 told what was committed, with what the target's batch computed for it (the Drafter protocol's
 states), and the policy what the batch accepted and the round cost. Plain decoding is the
 same loop with no stages: a tree of just the root, one token per call, so both modes share every
-line of the exact path.
+line of the exact path. Every generation's first round is such a round (`_first_batch`): the first
+token waits for the prefill and one step, as in plain decoding.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from .config import GenerationRequest, SamplingParams
 from .drafters.base import Drafter
 from .errors import LocalspecError, vocab_mismatch
 from .generation import Event, Finished, Generation, Round
-from .policy import Plan, Policy
+from .policy import Batch, Plan, Policy
 from .stats import DecodeStats, StageStats
 from .target import Target
 from .text import TextStream
@@ -80,6 +81,7 @@ class Engine:
         watch.lap("prefill")
         self.policy.begin()
         root = prompt[-1]
+        first = True   # the first round verifies its root alone: see _first_batch
         while True:
             if self.target.room < 2:
                 finish_reason = "context"
@@ -92,11 +94,14 @@ class Engine:
                     yield Round(tail, (), ())
                 break
             watch.start()
-            plan = self.policy.plan(min(self.target.room, self.policy.capacity) - 1)
-            drafted, owed = self._propose(root, plan, sampling, rng, stats.stages)
-            batch = self.policy.select(drafted, self.target.room, self._ordered)
+            if first:
+                batch, owed = self._first_batch(root), 0.0
+            else:
+                plan = self.policy.plan(min(self.target.room, self.policy.capacity) - 1)
+                drafted, owed = self._propose(root, plan, sampling, rng, stats.stages)
+                batch = self.policy.select(drafted, self.target.room, self._ordered)
+                stats.pruned += drafted.n - batch.tree.n
             tree = batch.tree
-            stats.pruned += drafted.n - tree.n
             watch.lap("propose")
             rows = self.target.verify(tree, batch.pad_to, batch.top_up)   # [tree.n, vocab] logits
             watch.lap("verify")
@@ -116,7 +121,9 @@ class Engine:
             states = self.target.new_hidden()
             for d in self.stages:
                 d.accept(new, states)
-            self.policy.observe(batch, walk.path, new, sampling.greedy, watch.started + owed)
+            if not first:
+                self.policy.observe(batch, walk.path, new, sampling.greedy, watch.started + owed)
+            first = False
             watch.lap("observe")
             if reason:
                 text += stream.flush()
@@ -129,6 +136,15 @@ class Engine:
             root = walk.token
         stats.budget = self.policy.summary()
         yield Finished(Generation("".join(texts), tokens, finish_reason, stats, sources))
+
+    def _first_batch(self, root: int) -> Batch:
+        """The first round of a generation: its root alone, unpadded, drafted by no stage, as
+        plain decoding runs it. The first token then waits for the prefill and one step only, not
+        for a tree's drafting and its verify of many rows (which costs more than a step wherever
+        rows are not free): a reply's time to first token is plain decoding's. The policy learns
+        nothing from it (it chose nothing); the stages are told its token as after any round."""
+        self._tree.reset(root)
+        return Batch(self._tree)
 
     def _propose(self, root: int, plan: Plan, sampling: SamplingParams, rng: np.random.Generator,
                  counted: Sequence[StageStats]) -> tuple[DraftTree, float]:

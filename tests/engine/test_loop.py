@@ -72,16 +72,24 @@ def test_rounds_keep_their_modes_rules(tiny, mode):
         calls: list[list] = []                  # per round: the stages' proposes (recording)
         for d in session.stages:
             recording(d, calls)
+        firsts: list[tuple] = []                # each generation's first round: (tokens, pad_to, calls)
         plan, verify = policy.plan, engine.target.verify
         policy.plan = lambda room: (rounds.append([plan(room)]), calls.append([]), rounds[-1][0])[2]
-        engine.target.verify = lambda tree, pad_to=0, top_up=True: (
-            rounds[-1].extend([tree.n, pad_to, top_up]), verify(tree, pad_to, top_up))[1]
+
+        def verifying(tree, pad_to=0, top_up=True):
+            if not rounds:                      # no plan yet: the generation's first round
+                firsts.append((tree.n, pad_to, sum(map(len, calls))))
+            else:
+                rounds[-1].extend([tree.n, pad_to, top_up])
+            return verify(tree, pad_to, top_up)
+        engine.target.verify = verifying
         generations = []
         for text in PROMPTS:
             tokens = plain.raw_prompt(text)
             got = finish(engine.generate(GenerationRequest(tuple(tokens), MAX_TOKENS)))
             assert got.tokens == plain.run(tokens, max_tokens=MAX_TOKENS).tokens
-            assert len(rounds) == got.stats.target_calls
+            assert len(rounds) + 1 == got.stats.target_calls
+            assert firsts[-1] == (1, 0, 0)      # its root alone, unpadded, drafted by no stage
             assert all(proposed_wherever_room_was_left(r[0], c, session.stages) for r, c in zip(rounds, calls))
             generations.append(rounds[:])
             rounds.clear()
@@ -137,7 +145,8 @@ def test_a_round_is_charged_without_the_catching_up_its_stages_owe(tiny):
         got = finish(engine.generate(GenerationRequest(tuple(tokens), MAX_TOKENS)))
     finally:
         session.close()
-    assert len(charged) == got.stats.target_calls and got.stats.seconds["propose"] >= slow   # they ran
+    # every round but the first (its root alone: no arm chosen) is charged
+    assert len(charged) == got.stats.target_calls - 1 and got.stats.seconds["propose"] >= slow   # they ran
     assert set(got.stats.seconds) == set(PHASES) and min(got.stats.seconds.values()) > 0   # each lapped
     assert max(charged) < slow, sorted(charged)[-5:]
     # each stage's own time is counted apart from what it caught up on
