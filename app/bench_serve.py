@@ -22,9 +22,10 @@ Why it is shaped so:
     the server, so "within 5% of bench" is a lower bound on what it keeps;
   - first byte after the prefill = the time to the first content byte less the server's prefill
     time for that request (localspec's statistics, llama-server's `timings.prompt_ms`):
-    everything but the prefill counts, so the 50 ms goal is bounded from above. localspec's
-    own share of it (the engine's first round and any text held back) is reported beside it
-    (`first_text_seconds` less the prefill), the rest being HTTP, the template and the pipes.
+    everything but the prefill counts on both sides alike (the template too, though it comes
+    before the prefill), so the 50 ms goal is bounded from above. Beside it, localspec's own
+    parts: its first round after the prefill (`first_text_seconds` less the prefill) and its
+    template and tokens (`prepare_seconds`); the rest is HTTP and the pipes.
 """
 from __future__ import annotations
 
@@ -382,6 +383,8 @@ class Beside:
                 row["bench_config"] = self.config
                 row["engine_first_text_after_prefill_ms"] = _spread(
                     [1e3 * (x.engine_first - x.prefill) for x in r if x.engine_first is not None])
+                # the template and tokens, before the prefill but inside the client's wait
+                row["engine_prepare_ms"] = _spread([1e3 * (x.stats.get("prepare_seconds") or 0.0) for x in r])
                 row["same_text_as_bench"] = f"{sum(x.text == t for x, t in zip(r, texts))}/{len(r)}"
             out.append(row)
         per_prompt = [{"prompt": p.name, **{s.server.name: {
@@ -414,17 +417,20 @@ def format_table(via: dict, bench: dict) -> str:
              f"client: tokens / (request time - the server's prefill)); bench's {via['compared_with']}: "
              + (f"{mine['tok_s']:.2f} tok/s" if mine else "not run"),
              f"{'side':<26}{'tok/s':>8}{'engine':>8}{'speedup':>9}{'vs bench':>10}"
-             f"{'1st byte-prefill ms (med/max)':>31}{'  engine part':>14}",
-             "-" * 106]
+             f"{'1st byte-prefill ms (med/max)':>31}{'  engine part':>14}{'  template':>11}",
+             "-" * 117]
     for r in via["rows"]:
         sp = f"{r['speedup']:.2f}x" if r["speedup"] is not None else "-"
         vs = f"{r['vs_bench']:.3f}" if r.get("vs_bench") is not None else "-"
         fb, eng = r["first_byte_after_prefill_ms"], r.get("engine_first_text_after_prefill_ms")
         first = f"{fb['median']:.1f} / {fb['max']:.1f}" if fb else "-"
         part = f"{eng['median']:.1f}" if eng else "-"
-        lines.append(f"{r['side']:<26}{r['tok_s']:>8.2f}{r['engine_tok_s']:>8.2f}{sp:>9}{vs:>10}{first:>31}{part:>14}")
+        prep = f"{r['engine_prepare_ms']['median']:.1f}" if r.get("engine_prepare_ms") else "-"
+        lines.append(f"{r['side']:<26}{r['tok_s']:>8.2f}{r['engine_tok_s']:>8.2f}{sp:>9}{vs:>10}{first:>31}"
+                     f"{part:>14}{prep:>11}")
     lines.append("speedup: over bench's plain (localspec) or llama-server plain; vs bench: the served tok/s over "
-                 "bench's in-process tok/s of the same engine")
+                 "bench's in-process tok/s of the same engine; engine part: the engine's first round after its "
+                 "prefill; template: the engine's template and tokens, before its prefill (medians, ms)")
     served = via["rows"][0]
     lines.append(f"localspec serve's text equals bench's {via['compared_with']} on {served['same_text_as_bench']} prompts")
     return "\n".join(lines)

@@ -107,10 +107,12 @@ class Server:
         rid = str(request["id"])
         conversation = request.get("conversation")
         try:
+            t0 = time.perf_counter()
             tokens, sampling, max_tokens = self._parse(request)
             if conversation != self._conversation:
                 self._switch_to(conversation, tokens)
-            self._stream(rid, tokens, sampling, max_tokens, _check_stop(request.get("stop") or []))
+            prepared = time.perf_counter() - t0   # the template, the tokens, a saved cache restored
+            self._stream(rid, tokens, sampling, max_tokens, _check_stop(request.get("stop") or []), prepared)
         finally:
             self.inbox.done(rid)
         if conversation is not None:   # its reply is out: keep its cache for the next time
@@ -143,7 +145,7 @@ class Server:
         return fitted.tokens, sampling, max_tokens
 
     def _stream(self, rid: str, tokens: list[int], sampling: SamplingParams, max_tokens: int,
-                stop: tuple[str, ...] = ()) -> None:
+                stop: tuple[str, ...] = (), prepared: float = 0.0) -> None:
         """Send a Token per round whose text is final (the tokens of rounds whose text is still
         held back travel with the next text, so a Token's pieces can be cut by token), then Done."""
         t0 = time.perf_counter()
@@ -178,6 +180,7 @@ class Server:
                     # the first text's time beside the prefill's (stats' seconds): what came
                     # between the prefill's end and the first text, inside the engine
                     stats["first_text_seconds"] = round(first_text[0], 4) if first_text else None
+                    stats["prepare_seconds"] = round(prepared, 4)   # before all of these
                     stats["dropped_messages"] = self._dropped
                     self.send(Done(rid, result.finish_reason, result.text, stats))
 

@@ -276,7 +276,8 @@ def summary(stats: dict) -> dict:
     """The speculation statistics a response carries: tokens, target calls, tokens per call,
     tok/s, the prompt and what of it the cache kept, the engine's prefill and its first text
     (seconds from the engine's start on the prompt's tokens: a client's time to the first byte
-    less the prefill is what came after the prefill's end), and per drafter accepted/proposed."""
+    less the prefill is what came after the prefill's end), the template's and tokens' time
+    before them, and per drafter accepted/proposed."""
     return {"tokens": stats.get("tokens", 0), "target_calls": stats.get("target_calls", 0),
             "tokens_per_call": stats.get("tokens_per_call", 0.0),
             "tokens_per_second": stats.get("tokens_per_second", 0.0),
@@ -284,6 +285,7 @@ def summary(stats: dict) -> dict:
             "wall_seconds": stats.get("wall_seconds", 0.0),
             "prefill_seconds": stats.get("seconds", {}).get("prefill", 0.0),
             "first_text_seconds": stats.get("first_text_seconds"),
+            "prepare_seconds": stats.get("prepare_seconds"),   # the template and tokens, before those
             "accepted": {s["name"]: f"{s['accepted']}/{s['proposed']}" for s in stats.get("stages", [])}}
 
 

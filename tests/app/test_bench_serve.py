@@ -43,14 +43,16 @@ def test_bench_serve_runs_the_servers_engine_beside_the_same_configuration(tiny,
     assert served["tok_s"] > 0 and served["vs_bench"] > 0 and served["speedup"] > 0
     first, engine = served["first_byte_after_prefill_ms"], served["engine_first_text_after_prefill_ms"]
     assert len(first["each"]) == len(engine["each"]) == 2
-    # the engine's share (its first round, text held back) is part of what the client waited
-    assert all(0 <= e <= f for e, f in zip(engine["each"], first["each"]))
+    # the engine's parts (its first round; its template, before the prefill) are in what the client waited
+    prepare = served["engine_prepare_ms"]
+    assert all(0 <= e + t <= f for e, t, f in zip(engine["each"], prepare["each"], first["each"]))
     prompts, store, _ = bench.bench_inputs(tiny.target_gguf, "chat", 2, [], 1, None, 2048)
     store.close()
     for row, prompt in zip(via["prompts"], prompts, strict=True):
         stats = row["localspec serve"]["stats"]
         assert stats["prompt_tokens"] == len(prompt.tokens)   # the server rendered bench's tokens
         assert stats["prefill_seconds"] > 0 and stats["first_text_seconds"] >= stats["prefill_seconds"]
+        assert stats["prepare_seconds"] > 0                    # the template and tokens, before them
         assert set(stats["accepted"]) == {"maxgram", "personal-ngram", "gguf-draft"}   # bench's drafters
     texts = json.loads((out / "completions.json").read_text())
     assert [t["prompt"] for t in texts] == [p.name for p in prompts]
