@@ -118,6 +118,9 @@ def stream_chat(url: str, body: dict, timeout: float = REQUEST_S) -> tuple[str, 
         raise LocalspecError("A server refused a benchmark request", f"{url}: {err.code} "
                              f"{err.read()[:500].decode('utf-8', 'replace')}",
                              "Check its log in the --out folder") from None
+    except OSError as err:   # refused, reset, timed out (URLError is one): the server went away
+        raise LocalspecError("A server stopped answering", f"{url}: {err}",
+                             "Check its log in the --out folder") from None
     total = time.perf_counter() - started
     return "".join(text), total if first is None else first, total, events
 
