@@ -347,7 +347,7 @@ class Beside:
     def ask(self, prompt: Prompt) -> None:
         for side in self.sides:
             side.replies.append(side.server.ask(prompt, self.max_tokens, self.sampling))
-        self.progress(f"  via HTTP: " + "  ".join(
+        self.progress("  via HTTP: " + "  ".join(
             f"{s.server.name} {_tok_s(s.replies):.1f}" for s in self.sides) + " tok/s (client)")
 
     def close(self) -> None:

@@ -248,7 +248,8 @@ def test_history_is_opt_in_the_time_limit_ends_a_reply_and_a_crash_is_survived(c
                 crashed["error"] = err
 
         asking = threading.Thread(target=ask)
-        asking.start()
+        os.kill(engine, signal.SIGSTOP)   # held: the request is in the engine's hands when it dies,
+        asking.start()                    # whenever a sampled reply would have ended
         time.sleep(0.5)
         os.kill(engine, signal.SIGKILL)
         asking.join(timeout=60)
