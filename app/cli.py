@@ -329,10 +329,14 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if "head" in loaded.sat_out:   # the installed head sits out here: the target's costs alone
         names = [n for n in names if n != "head"]
         show(f"head {options.head.name}: sits out on this machine: {loaded.sat_out['head']}")
+    kept = loaded.costs is None or loaded.costs.file is not None
     try:
         costs = loaded.stage_costs(loaded.stages(names))   # a head times its own steps
     finally:
         loaded.close()
+    if not kept:
+        show("Not kept: another localspec process was generating with this model while these were "
+             "measured; run `localspec calibrate --refresh` again when it is idle")
     show(f"target {model.name}: " + "  ".join(f"{n}: {ms} ms" for n, ms in costs.to_dict()["target_ms"].items()))
     if costs.draft:
         show(f"draft {draft.name}: " + "  ".join(f"{n}: {ms} ms" for n, ms in costs.to_dict()["draft_ms"].items()))

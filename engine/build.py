@@ -170,13 +170,15 @@ def load(options: Options, names: Sequence[str], *, measure: bool, refresh: bool
     curves: dict[tuple[str, ...], Costs] = {}
     held = ExitStack()   # the model's measuring lock (model_lock.py), while its costs are measured
     try:
-        waited = measure and held.enter_context(measuring(model.path, default_cache_dir(), _waiting(progress)))
-        again = refresh and not waited   # a process waited for has just measured the model
+        lock = held.enter_context(measuring(model.path, default_cache_dir(), _waiting(progress))) if measure else None
+        again = refresh and not (lock and lock.waited)   # a process waited for has just measured the model
+        keep = lock is None or lock.quiet                # measured under another's replies: not kept
         for name, kind in kinds.items():
             got = kind.load(options, model, parts, remembered=measure and not again, progress=progress)
             parts = _take(got, name, sat_out)
         need = _without_hidden(model, need, needs, sat_out)
-        costs = (calibrate(model, parts.gguf_draft, nodes, refresh=again, progress=progress)
+        costs = (calibrate(model, parts.gguf_draft, nodes, refresh=again, progress=progress,
+                           keep=keep)
                  if measure else None)
         while True:
             for name, kind in kinds.items():
@@ -191,7 +193,8 @@ def load(options: Options, names: Sequence[str], *, measure: bool, refresh: bool
             # the hidden states' only reader sat out: the run's costs are the target's without
             # them (cached apart), and the stages left settle again on those
             need = kept
-            costs = (calibrate(model, parts.gguf_draft, nodes, refresh=again, progress=progress)
+            costs = (calibrate(model, parts.gguf_draft, nodes, refresh=again, progress=progress,
+                           keep=keep)
                      if measure else None)
     except BaseException:
         parts.close()

@@ -329,13 +329,19 @@ def _from_cache(models: Sequence[LlamaModel], sizes: Sequence[Sequence[int]],
 
 
 def _measured(models: Sequence[LlamaModel], sizes: Sequence[Sequence[int]], path: Path,
-              announce: Announce | None = None) -> tuple[list[dict[int, float]], dict]:
-    """Measure the curves and write them to `path` as a new cache object (returned with them)."""
+              announce: Announce | None = None,
+              write: Callable[[Path, dict], None] | None = None) -> tuple[list[dict[int, float]], dict]:
+    """Measure the curves and write them to `path` (by `write`, default write_json) as a new cache
+    object (returned with them)."""
     curves = measure(models, sizes, announce=announce)
     data = {"models": [str(m.path) for m in models], "measured": time.time(),
             "seconds": _as_json(curves)}
-    write_json(path, data)
+    (write or write_json)(path, data)
     return curves, data
+
+
+def _keep_nothing(path: Path, data: dict) -> None:
+    """calibrate's writer when what it measures is for this run only."""
 
 
 def _as_json(curves: Sequence[dict[int, float]]) -> list[dict[str, float]]:
@@ -383,7 +389,7 @@ def default_cache_dir() -> Path:
 
 def calibrate(target: LlamaModel, draft: LlamaModel | None, max_nodes: int,
               cache_dir: Path | None = None, refresh: bool = False,
-              progress: Progress | None = None) -> Costs:
+              progress: Progress | None = None, keep: bool = True) -> Costs:
     """Cost curves of the target (batches up to max_nodes + 2: a full tree and its padding) and
     of a GGUF draft; with the target on a GPU, also what a change of batch shape costs
     (`measure_switch`); on a CPU with packaging/patches, ggml's tiled-matmul floor
@@ -392,8 +398,10 @@ def calibrate(target: LlamaModel, draft: LlamaModel | None, max_nodes: int,
     the chosen side's); on a GPU with packaging/patches, the path of each batch width up to
     CUDA_WIDEST (`cuda_widths`, before the curves, which are measured under that choice and hold
     every width it timed), all in `Costs.switches`. The cache file is
-    read once; what is measured is added to it, each batch announced to `progress` first (nothing
-    when everything is cached). The process's environment is left as it was."""
+    read once; what is measured is added to it (keep False: used for this run only, the file left
+    as it was), each batch announced to `progress` first (nothing when everything is cached).
+    The process's environment is left as it was."""
+    write = write_json if keep else _keep_nothing
     top = max(2, max_nodes + 2)
     sizes = sorted({n for n in SIZES if n <= top} | {top})
     models, wanted = ([target], [sizes]) if draft is None else ([target, draft], [sizes, DRAFT_SIZES])
@@ -408,6 +416,7 @@ def calibrate(target: LlamaModel, draft: LlamaModel | None, max_nodes: int,
     if per_width and _cached_widths(data) is None:   # the curves follow the widths' choice: all again
         data = {}
     curves = _from_cache(models, wanted, data)
+    cached = curves is not None
     if curves is None:
         data = {}                                  # a new measurement replaces the file's object
     # what the cache lacks, decided before the first step so that each step knows the total
@@ -436,19 +445,19 @@ def calibrate(target: LlamaModel, draft: LlamaModel | None, max_nodes: int,
     with switches(shipped):
         if curves is None:
             curves, data = _measured(models, wanted, path,
-                                     lambda i, n: step(f"{_NAMES[i]} {_rows(n)}"))
+                                     lambda i, n: step(f"{_NAMES[i]} {_rows(n)}"), write)
             if per_width:
                 curves[0] = chosen.best | curves[0]
                 data = {**data, "seconds": _as_json(curves), "cuda_widths": {
                     "multicol": chosen.multicol, "mmq": chosen.mmq,
                     "paths": {name: _as_json([c])[0] for name, c in chosen.paths.items()}}}
-                write_json(path, data)
+                write(path, data)
         if steer:
             floor = data.get("tiled_min")
             if measure_floor:
                 floor, curves[0] = tiled_floor(target, curves[0], step)
                 data = {**data, "tiled_min": floor, "multicol_max": widest, "seconds": _as_json(curves)}
-                write_json(path, data)
+                write(path, data)
         if one_row:
             kernels = data.get("multicol_min")
             if measure_kernels:
@@ -459,14 +468,16 @@ def calibrate(target: LlamaModel, draft: LlamaModel | None, max_nodes: int,
                 data = {**data, "multicol_min": kernels, "multicol_max": widest,
                         "one_row": {str(k): v for k, v in one.items()},
                         "seconds": _as_json(curves)}
-                write_json(path, data)
+                write(path, data)
         switch = data.get("switch") if target.n_gpu_layers != 0 and top in target_sizes else 0.0
         if measure_shape:
             switch = measure_switch(target, top, curves[0], step=step)
             data = {**data, "switch": switch}
-            write_json(path, data)
+            write(path, data)
     masks = _cached_widths(data) if per_width else {}
-    return Costs(curves[0], curves[1] if draft is not None else {}, path, float(switch), floor, kernels,
+    measured = not cached or measure_floor or measure_kernels or measure_shape
+    return Costs(curves[0], curves[1] if draft is not None else {}, path if keep or not measured else None,
+                 float(switch), floor, kernels,
                  widest, masks.get("multicol"), masks.get("mmq"))
 
 

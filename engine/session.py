@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 from .build import build
-from .calibrate import Progress, write_json
+from .calibrate import Progress, default_cache_dir, write_json
 from .chat import chat_tokens
 from .config import GenerationRequest, SamplingParams
 from .conversation import Fitted, fit, reply_room
@@ -24,6 +24,7 @@ from .drafters import registry
 from .drafters.head_stage import with_head
 from .generation import Event, Generation, finish
 from .model_files import ModelFiles
+from .model_lock import InUse
 from .native import switched
 from .options import Options
 
@@ -55,6 +56,7 @@ class Session:
         # the GGUF files llama.cpp maps (a draft folder is read into memory by torch)
         draft = Path(cfg.draft).expanduser() if cfg.draft is not None and "draft" in cfg.stages else None
         self.files = ModelFiles([self.model.path] + ([draft] if draft is not None else []))
+        self._in_use = InUse(self.model.path, default_cache_dir())   # held by each generation (model_lock.py)
         # why the head installed for the target sits out on this machine (build.load), or None
         self.head_left_out = built.loaded.sat_out.get("head")
 
@@ -87,7 +89,13 @@ class Session:
                                     self.cfg.sampling if sampling is None else sampling, tuple(stop),
                                     reuse)
         self.files.check()    # a model file changed in place since the load: ends here, explained
-        return switched(self._built.loaded.numerics, self.engine.generate(request, should_stop))
+        return self._in_use_while(switched(self._built.loaded.numerics, self.engine.generate(request, should_stop)))
+
+    def _in_use_while(self, events: Iterator[Event]) -> Iterator[Event]:
+        """`events`, the model's use lock held shared from the first to the last (or until the
+        caller lets the generation go): a measurement elsewhere waits for it, or keeps nothing."""
+        with self._in_use.generating():
+            yield from events
 
     def run(self, tokens: Sequence[int], *, max_tokens: int | None = None,
             sampling: SamplingParams | None = None, stop: Sequence[str] = (),
@@ -103,6 +111,7 @@ class Session:
             learn(self.store, conversation_id, tokens)
 
     def close(self) -> None:
+        self._in_use.close()
         if self._learnt_path is not None:
             write_json(self._learnt_path, self.engine.learnt())   # the next run starts from here
         self._built.close()
