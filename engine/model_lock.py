@@ -118,15 +118,19 @@ class InUse:
 
     @contextmanager
     def generating(self) -> Iterator[None]:
-        """Hold the lock shared for the block: waits while a measurement holds it (seconds)."""
-        if self._fd is None:
+        """Hold the lock shared for the block: waits while a measurement holds it (seconds). A
+        generation still open when the session closes (a caller that dropped it) lets go with
+        the file (`close`)."""
+        fd = self._fd
+        if fd is None:
             yield
             return
-        fcntl.flock(self._fd, fcntl.LOCK_SH)
+        fcntl.flock(fd, fcntl.LOCK_SH)
         try:
             yield
         finally:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            if self._fd == fd:           # still open: closing released it already otherwise
+                fcntl.flock(fd, fcntl.LOCK_UN)
 
     def close(self) -> None:
         if self._fd is not None:
