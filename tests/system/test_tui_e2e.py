@@ -87,7 +87,9 @@ def _start_chat(tmux: Tmux, tiny, tmp_path: Path) -> Path:
     tmux.start(f"{LOCALSPEC} chat --model {tiny.target_gguf} --ctx 1024",
                {"LOCALSPEC_DATA_DIR": str(data), "LOCALSPEC_CONFIG_DIR": str(tmp_path / "cfg")},
                tmp_path / "exit-status")
-    tmux.wait_for("target.gguf · CPU")                         # the engine is ready
+    # the engine is ready: after a first calibration of the model, which a busy machine slows
+    # (over 60 s with another process keeping a core busy)
+    tmux.wait_for("target.gguf · CPU", timeout=300.0)
     return data / "history.sqlite"
 
 
