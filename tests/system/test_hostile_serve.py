@@ -8,8 +8,10 @@ healthy and answers the next request, and a client that left stopped its generat
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
+import subprocess
 import time
 
 import pytest
@@ -207,8 +209,13 @@ def test_a_client_that_leaves_mid_stream_or_mid_reply_stops_its_generation(serve
                     part = sock.recv(65536)
                     assert part, seen
                     seen += part
-            else:
+            else:   # held: the reply is running when the client leaves, however a sampled one ends
+                (engine,) = _engine_of(server)
+                os.kill(engine, signal.SIGSTOP)
                 time.sleep(0.3)
+        if not stream:
+            time.sleep(0.3)                                   # the server has seen the client leave
+            os.kill(engine, signal.SIGCONT)
         t0 = time.monotonic()
         still_serving(server)   # not behind a 1500-token reply: the one that left was stopped
         assert time.monotonic() - t0 < 15
@@ -236,3 +243,9 @@ def test_unknown_routes_methods_hosts_and_garbage(server):
         assert not data or 400 <= int(data.split()[1]) < 500, data[:200]
     assert server.healthy()
     still_serving(server)
+
+
+def _engine_of(server) -> list[int]:
+    """The server's engine process (its one child)."""
+    out = subprocess.run(["pgrep", "-P", str(server.proc.pid)], capture_output=True, text=True).stdout
+    return [int(pid) for pid in out.split()]
