@@ -34,6 +34,13 @@ from localspec.models.paths import data_dir
 from .engine_proc import Calibrating, Done, Error, Ready, Token, encode_event
 from .run_options import resolved
 
+# Text goes out at most once per STREAM_INTERVAL_S after the first (which goes at once): every
+# event wakes the parent, and behind it the chat's screen or the server's client, and on a
+# machine whose cores llama.cpp's threads all use, each wake-up stalls a decode in flight. A
+# round can be a few ms on a GPU; 20 updates a second still reads as a stream
+# (docs/decisions/0050).
+STREAM_INTERVAL_S = 0.05
+
 
 class Inbox:
     """Requests from stdin, read on a thread; stops are recorded the moment they arrive."""
@@ -146,20 +153,27 @@ class Server:
 
     def _stream(self, rid: str, tokens: list[int], sampling: SamplingParams, max_tokens: int,
                 stop: tuple[str, ...] = (), prepared: float = 0.0) -> None:
-        """Send a Token per round whose text is final (the tokens of rounds whose text is still
-        held back travel with the next text, so a Token's pieces can be cut by token), then Done."""
+        """Send the text of rounds as it becomes final, the first at once and then at most once per
+        STREAM_INTERVAL_S (the tokens of rounds held back travel with the next text, so a Token's
+        pieces can be cut by token), then Done."""
         t0 = time.perf_counter()
         first_text: list[float] = []   # seconds from t0 to the first Token with text sent
         pending_tokens: list[int] = []
         pending_sources: list[str] = []
+        pending_text: list[str] = []
+        last_sent = 0.0
 
-        def flush(text: str) -> None:
+        def flush() -> None:
+            nonlocal last_sent
+            text = "".join(pending_text)
             pieces = split_by_source(text, pending_tokens, self.session.model.piece)
             self.send(Token(rid, text, list(pending_tokens), list(pending_sources), pieces))
+            last_sent = time.perf_counter()
             if text and not first_text:
-                first_text.append(time.perf_counter() - t0)
+                first_text.append(last_sent - t0)
             pending_tokens.clear()
             pending_sources.clear()
+            pending_text.clear()
 
         # A stop is asked for between rounds: the engine ends there and finishes with its statistics.
         # reuse: the cache still holds the conversation's last turn, and this one starts with it
@@ -170,11 +184,12 @@ class Server:
                 case Round(text=text, tokens=toks, sources=sources):
                     pending_tokens.extend(toks)
                     pending_sources.extend(sources)
-                    if text:
-                        flush(text)
+                    pending_text.append(text)
+                    if text and (not first_text or time.perf_counter() - last_sent >= STREAM_INTERVAL_S):
+                        flush()
                 case Finished(generation=result):
                     if pending_tokens:
-                        flush("")
+                        flush()
                     stats = stats_dict(result.stats)
                     stats["wall_seconds"] = round(time.perf_counter() - t0, 4)
                     # the first text's time beside the prefill's (stats' seconds): what came

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from localspec.app.engine_main import STREAM_INTERVAL_S
 from localspec.app.engine_proc import (CLOSE_GRACE, Calibrating, Crashed, Done, EngineProcess,
                                        Error, Ready, Token, telling_line, wait_for)
 from localspec.engine.session import Session
@@ -84,6 +85,20 @@ def test_streams_equal_the_in_process_engine(engine, tiny, expected):
     (error,) = wait_for(engine, (Error,), timeout=60)
     assert error.request_id == "bad" and error.title == "Bad option value" and engine.alive
     assert "--temperature" in error.cause
+
+
+def test_text_goes_out_at_most_once_an_interval_after_the_first(engine):
+    """Every event wakes the parent and what it feeds (the screen, a server's client): after the
+    first text, the rounds' text is gathered and sent at most once per STREAM_INTERVAL_S, none of
+    it lost. The tiny models' rounds take a few ms, so a long reply has many more rounds than
+    that allows."""
+    ready(engine)
+    engine.generate("w1", CHAT, **{**WILD, "max_tokens": 400})
+    tokens, done = reply(engine, "w1")
+    sent = [t for t in tokens if t.text]
+    assert "".join(t.text for t in tokens) == done.text and len(done.text) > 0
+    assert sum(len(t.tokens) for t in tokens) == done.stats["tokens"]
+    assert len(sent) <= 2 + done.stats["wall_seconds"] / STREAM_INTERVAL_S, (len(sent), done.stats["wall_seconds"])
 
 
 def test_stop_ends_a_reply_quickly_and_keeps_the_engine_consistent(engine, expected):
