@@ -20,7 +20,7 @@ from pathlib import Path
 
 from localspec.engine import calibrate as cal  # llama.cpp before numpy: see engine/native.py
 from localspec.engine.llama_model import LlamaModel
-from localspec.engine.native import CUDA_MMQ_WIDTHS, CUDA_MULTICOL_WIDTHS, gpu_name, switches
+from localspec.engine.native import CUDA_MMQ_WIDTHS, CUDA_MULTICOL_WIDTHS, CUDA_STREAM_WIDTHS, gpu_name, switches
 
 REPS = 5
 
@@ -33,8 +33,8 @@ def main(path: str, out: str, widths: str = "1,2,4,8,9,12,16,24,32") -> int:
         costs = cal.calibrate(model, None, max(sizes) - 2, cache_dir=Path(cache), refresh=True)
         record = json.loads(costs.file.read_text())
     print(f"calibrated in {time.time() - t0:.0f} s: {costs.to_dict()}")
-    dispatches = {"stock": {CUDA_MULTICOL_WIDTHS: "0", CUDA_MMQ_WIDTHS: "0"},
-                  "fixed": {CUDA_MULTICOL_WIDTHS: None, CUDA_MMQ_WIDTHS: None},
+    dispatches = {"stock": {CUDA_MULTICOL_WIDTHS: "0", CUDA_MMQ_WIDTHS: "0", CUDA_STREAM_WIDTHS: "0"},
+                  "fixed": {CUDA_MULTICOL_WIDTHS: None, CUDA_MMQ_WIDTHS: None, CUDA_STREAM_WIDTHS: "0"},
                   "calibrated": costs.switches}
     best = {name: dict.fromkeys(sizes, float("inf")) for name in dispatches}
     for rep in range(REPS):

@@ -28,9 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from .native import (CUDA_MMQ_WIDTHS, CUDA_MULTICOL_WIDTHS, MULTICOL_MAX,  # first: see native.py
-                     MULTICOL_MIN, TILED_MIN, has_cuda_width_switches, has_multicol_kernels,
-                     has_tiled_min_switch, library_stamps, switches)
+from .native import (CUDA_MMQ_WIDTHS, CUDA_MULTICOL_WIDTHS, CUDA_STREAM_WIDTHS,  # first: see native.py
+                     MULTICOL_MAX, MULTICOL_MIN, TILED_MIN, has_cuda_stream_kernel, has_cuda_width_switches,
+                     has_multicol_kernels, has_tiled_min_switch, library_stamps, switches)
 
 import llama_cpp as lc
 import numpy as np
@@ -66,15 +66,18 @@ MULTICOL_GAIN = 0.95
 MULTICOL_WIDEST = 64
 # On a GPU with packaging/patches each batch width up to CUDA_WIDEST is served by the path that was
 # cheapest for it with the loaded model: ggml's own dispatch (its mat-vec up to 8 rows, mul_mat_q
-# from 9), the multi-column tensor-core kernels, or mul_mat_q where ggml would take its mat-vec.
-# No one crossover holds across models' shapes, so each width is measured (docs/decisions/0044). Each path is one setting of
-# the switches with every width it can take on it; a width is timed on each.
+# from 9), the multi-column tensor-core kernels, mul_mat_q where ggml would take its mat-vec, or
+# the streaming kernel for the Q4_K matrices with ggml's own dispatch for the rest (where the build
+# has it). No one crossover holds across models' shapes, so each width is measured
+# (docs/decisions/0044, 0049). Each path is one setting of the switches with every width it can
+# take on it; a width is timed on each.
 CUDA_WIDEST = 16                      # the widest batch the kernels (and the switches' masks) take
 _ALL_WIDTHS = (1 << CUDA_WIDEST) - 1
 _MMQ_WIDTHS = range(2, 9)             # where ggml would take its mat-vec: mul_mat_q is another path
-CUDA_PATHS = {"ggml": {CUDA_MULTICOL_WIDTHS: "0", CUDA_MMQ_WIDTHS: "0"},
-              "multicol": {CUDA_MULTICOL_WIDTHS: str(_ALL_WIDTHS), CUDA_MMQ_WIDTHS: "0"},
-              "mmq": {CUDA_MULTICOL_WIDTHS: "0", CUDA_MMQ_WIDTHS: str(_ALL_WIDTHS)}}
+CUDA_PATHS = {"ggml": {CUDA_MULTICOL_WIDTHS: "0", CUDA_MMQ_WIDTHS: "0", CUDA_STREAM_WIDTHS: "0"},
+              "multicol": {CUDA_MULTICOL_WIDTHS: str(_ALL_WIDTHS), CUDA_MMQ_WIDTHS: "0", CUDA_STREAM_WIDTHS: "0"},
+              "mmq": {CUDA_MULTICOL_WIDTHS: "0", CUDA_MMQ_WIDTHS: str(_ALL_WIDTHS), CUDA_STREAM_WIDTHS: "0"},
+              "stream": {CUDA_MULTICOL_WIDTHS: "0", CUDA_MMQ_WIDTHS: "0", CUDA_STREAM_WIDTHS: str(_ALL_WIDTHS)}}
 _NAMES = ("target", "draft")
 _KERNELS = {1: "multi-column kernels", 2: "ggml's kernels"}   # by GGML_CPU_MULTICOL_MIN
 
@@ -201,13 +204,19 @@ def one_row_kernels(models: Sequence[LlamaModel],
 @dataclass(frozen=True)
 class CudaWidths:
     """Which path serves each batch width on a GPU (`cuda_widths`): the masks of widths on the
-    multi-column kernels and on mul_mat_q in place of ggml's mat-vec (bit n-1: n rows), the
-    seconds of each width on the path chosen, and on every path timed (path -> width -> seconds)."""
+    multi-column kernels, on mul_mat_q in place of ggml's mat-vec and on the streaming kernel
+    (bit n-1: n rows), the seconds of each width on the path chosen, and on every path timed
+    (path -> width -> seconds)."""
 
     multicol: int
     mmq: int
+    stream: int
     best: dict[int, float]
     paths: dict[str, dict[int, float]]
+
+    @property
+    def masks(self) -> dict[str, int]:
+        return {"multicol": self.multicol, "mmq": self.mmq, "stream": self.stream}
 
 
 def cuda_widths(target: LlamaModel, top: int, step: Callable[[str], None] | None = None) -> CudaWidths:
@@ -225,20 +234,21 @@ def cuda_widths(target: LlamaModel, top: int, step: Callable[[str], None] | None
             with switches(CUDA_PATHS[name]):
                 got = measure([target], [plan[name]], reps=1, announce=announce)[0]
             times[name] = {n: min(times[name][n], got[n]) for n in plan[name]}
-    multicol = mmq = 0
+    masks = dict.fromkeys(("multicol", "mmq", "stream"), 0)
     best = {}
     for n in plan["ggml"]:
         name = min((p for p in plan if n in plan[p]), key=lambda p: (times[p][n], p != "ggml"))
         best[n] = times[name][n]
-        multicol |= (name == "multicol") << (n - 1)
-        mmq |= (name == "mmq") << (n - 1)
-    return CudaWidths(multicol, mmq, best, times)
+        if name in masks:
+            masks[name] |= 1 << (n - 1)
+    return CudaWidths(**masks, best=best, paths=times)
 
 
 def _cuda_plan(target: LlamaModel, top: int) -> dict[str, list[int]]:
     """The widths each path is timed at (CUDA_PATHS' order)."""
     widths = measurable(target, range(1, min(top, CUDA_WIDEST) + 1))
-    return {"ggml": widths, "multicol": widths, "mmq": [n for n in widths if n in _MMQ_WIDTHS]}
+    plan = {"ggml": widths, "multicol": widths, "mmq": [n for n in widths if n in _MMQ_WIDTHS]}
+    return plan | ({"stream": widths} if has_cuda_stream_kernel() else {})
 
 
 def cuda_width_steps(target: LlamaModel, top: int) -> int:
@@ -439,7 +449,7 @@ def calibrate(target: LlamaModel, draft: LlamaModel | None, max_nodes: int,
     # process-wide) are measured under that choice, with the widths the curves do not hold added
     if curves is None and per_width:
         chosen = cuda_widths(target, top, step)
-        shipped |= _cuda_switches({"multicol": chosen.multicol, "mmq": chosen.mmq})
+        shipped |= _cuda_switches(chosen.masks)
     elif per_width:
         shipped |= _cuda_switches(_cached_widths(data))
     with switches(shipped):
@@ -449,8 +459,7 @@ def calibrate(target: LlamaModel, draft: LlamaModel | None, max_nodes: int,
             if per_width:
                 curves[0] = chosen.best | curves[0]
                 data = {**data, "seconds": _as_json(curves), "cuda_widths": {
-                    "multicol": chosen.multicol, "mmq": chosen.mmq,
-                    "paths": {name: _as_json([c])[0] for name, c in chosen.paths.items()}}}
+                    **chosen.masks, "paths": {name: _as_json([c])[0] for name, c in chosen.paths.items()}}}
                 write(path, data)
         if steer:
             floor = data.get("tiled_min")
@@ -478,17 +487,18 @@ def calibrate(target: LlamaModel, draft: LlamaModel | None, max_nodes: int,
     measured = not cached or measure_floor or measure_kernels or measure_shape
     return Costs(curves[0], curves[1] if draft is not None else {}, path if keep or not measured else None,
                  float(switch), floor, kernels,
-                 widest, masks.get("multicol"), masks.get("mmq"))
+                 widest, masks.get("multicol"), masks.get("mmq"), masks.get("stream"))
 
 
 def _cached_widths(data: dict) -> dict[str, int] | None:
     """A cache object's choice of paths by width (`cuda_widths`' masks), None where it has none."""
     masks = data.get("cuda_widths")
-    if not isinstance(masks, dict) or not all(isinstance(masks.get(k), int) for k in ("multicol", "mmq")):
+    if not isinstance(masks, dict) or not all(isinstance(masks.get(k), int) for k in ("multicol", "mmq", "stream")):
         return None
-    return {"multicol": masks["multicol"], "mmq": masks["mmq"]}
+    return {"multicol": masks["multicol"], "mmq": masks["mmq"], "stream": masks["stream"]}
 
 
 def _cuda_switches(masks: dict[str, int]) -> dict[str, str]:
     """The switches of a choice of paths by width."""
-    return {CUDA_MULTICOL_WIDTHS: str(masks["multicol"]), CUDA_MMQ_WIDTHS: str(masks["mmq"])}
+    return {CUDA_MULTICOL_WIDTHS: str(masks["multicol"]), CUDA_MMQ_WIDTHS: str(masks["mmq"]),
+            CUDA_STREAM_WIDTHS: str(masks["stream"])}

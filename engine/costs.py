@@ -19,7 +19,8 @@ from typing import Sequence
 
 from . import tuning
 from .budget import Arm
-from .native import CUDA_MMQ_WIDTHS, CUDA_MULTICOL_WIDTHS, MULTICOL_MAX, MULTICOL_MIN, TILED_MIN
+from .native import (CUDA_MMQ_WIDTHS, CUDA_MULTICOL_WIDTHS, CUDA_STREAM_WIDTHS, MULTICOL_MAX, MULTICOL_MIN,
+                     TILED_MIN)
 
 
 @dataclass(frozen=True)
@@ -43,16 +44,19 @@ class Costs:
     multicol_max: int | None = None
     # on a GPU with packaging/patches, the batch widths (bit n-1: n rows, 1..16) the curve was
     # measured with and decodes must run with on the CUDA multi-column kernels, and on ggml's
-    # mul_mat_q where ggml would take its mat-vec (`calibrate.cuda_widths`), None: the patch's own
+    # mul_mat_q where ggml would take its mat-vec, and whose Q4_K matmuls take the streaming kernel
+    # (`calibrate.cuda_widths`), None: the patch's own
     cuda_multicol_widths: int | None = None
     cuda_mmq_widths: int | None = None
+    cuda_stream_widths: int | None = None
 
     @property
     def switches(self) -> dict[str, str]:
         """The numerics switches (native.py) these costs hold under: what a session enters around
         its decodes (native.switched), never left set in the process."""
         chosen = {TILED_MIN: self.tiled_min, MULTICOL_MIN: self.multicol_min, MULTICOL_MAX: self.multicol_max,
-                  CUDA_MULTICOL_WIDTHS: self.cuda_multicol_widths, CUDA_MMQ_WIDTHS: self.cuda_mmq_widths}
+                  CUDA_MULTICOL_WIDTHS: self.cuda_multicol_widths, CUDA_MMQ_WIDTHS: self.cuda_mmq_widths,
+                  CUDA_STREAM_WIDTHS: self.cuda_stream_widths}
         return {key: str(value) for key, value in chosen.items() if value is not None}
 
     @cached_property
@@ -125,7 +129,8 @@ class Costs:
                "switch_ms": round(1e3 * self.switch, 2)}
         rows = {"ggml_tiled_min_rows": self.tiled_min, "multicol_min_rows": self.multicol_min,
                 "multicol_max_rows": self.multicol_max}
-        widths = {"cuda_multicol_widths": self.cuda_multicol_widths, "cuda_mmq_widths": self.cuda_mmq_widths}
+        widths = {"cuda_multicol_widths": self.cuda_multicol_widths, "cuda_mmq_widths": self.cuda_mmq_widths,
+                  "cuda_stream_widths": self.cuda_stream_widths}
         return (out | {key: value for key, value in rows.items() if value is not None}
                 | {key: _widths(mask) for key, mask in widths.items() if mask is not None})
 

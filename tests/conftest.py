@@ -35,7 +35,7 @@ from tiny_models import TinyModels, build_tiny_models  # noqa: E402  (after the 
 
 
 GGML_SWITCHES = ("GGML_CPU_TILED_MM_MIN", "GGML_CPU_FA_SPLIT_KV", "GGML_CPU_MULTICOL_MIN", "GGML_CPU_MULTICOL_MAX",
-                 "GGML_CUDA_MULTICOL_WIDTHS", "GGML_CUDA_MMQ_WIDTHS")
+                 "GGML_CUDA_MULTICOL_WIDTHS", "GGML_CUDA_MMQ_WIDTHS", "GGML_CUDA_STREAM_WIDTHS")
 
 
 @pytest.fixture(autouse=True)

@@ -159,7 +159,8 @@ def main(src: str, dst: str) -> None:
                     for n in range(1, len(acts) + 1)}
     finally:
         base().ggml_backend_free(backend)
-    np.savez(dst, calls=kernel_calls(), bias_calls=kernel_calls("localspec_cuda_multicol_bias_calls"), **products)
+    np.savez(dst, calls=kernel_calls(), bias_calls=kernel_calls("localspec_cuda_multicol_bias_calls"),
+             stream_calls=kernel_calls("localspec_cuda_stream_calls"), **products)
 
 
 if __name__ == "__main__":

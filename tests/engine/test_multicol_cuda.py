@@ -53,16 +53,18 @@ pytestmark = pytest.mark.skipif(not ggml_cuda.available(),
 
 
 def _run(tmp: Path, kind: int, weights: np.ndarray, acts: np.ndarray, name: str,
-         bias: np.ndarray | None = None, mmq_widths: str | None = None, **switches: str) -> dict:
+         bias: np.ndarray | None = None, mmq_widths: str | None = None, stream_widths: str | None = None,
+         **switches: str) -> dict:
     """Every width's product in a process of its own, under the kernels' `switches` (GGML_CUDA_
     MULTICOL_*), the kernels from 2 columns (by default they start where they beat ggml's: 6);
-    mmq_widths: GGML_CUDA_MMQ_WIDTHS."""
+    mmq_widths: GGML_CUDA_MMQ_WIDTHS; stream_widths: GGML_CUDA_STREAM_WIDTHS."""
     src, dst = tmp / f"in-{name}.npz", tmp / f"out-{name}.npz"
     extra = {} if bias is None else {"bias": bias}
     np.savez(src, kind=kind, weights=weights, acts=acts, **extra)
     env = {**os.environ, "GGML_CUDA_MULTICOL_MIN": "2",
            **{f"GGML_CUDA_MULTICOL_{key.upper()}": value for key, value in switches.items()},
-           **({} if mmq_widths is None else {"GGML_CUDA_MMQ_WIDTHS": mmq_widths})}
+           **({} if mmq_widths is None else {"GGML_CUDA_MMQ_WIDTHS": mmq_widths}),
+           **({} if stream_widths is None else {"GGML_CUDA_STREAM_WIDTHS": stream_widths})}
     script = Path(ggml_cuda.__file__)
     subprocess.run([sys.executable, str(script), str(src), str(dst)], env=env, check=True,
                    cwd=script.parent)
@@ -136,11 +138,15 @@ def test_cuda_mmq_widths_send_small_batches_to_mul_mat_q(tmp_path, kind):
         assert moved == [2, 3, 5, 6, 7, 8], "mul_mat_q did not take the widths the mask names"
 
 
-def test_cuda_graph_captured_under_one_width_choice_is_not_replayed_under_another(tmp_path):
+@pytest.mark.parametrize("switch,counter", [("GGML_CUDA_MULTICOL_WIDTHS", "localspec_cuda_multicol_calls"),
+                                            ("GGML_CUDA_STREAM_WIDTHS", "localspec_cuda_stream_calls")],
+                         ids=["multicol", "stream"])
+def test_cuda_graph_captured_under_one_width_choice_is_not_replayed_under_another(tmp_path, switch, counter):
     """A model's decodes of one batch shape replay a CUDA graph from the third call on (no host
-    code runs, so the kernels' counter stands still). The width switches change between decodes:
-    a graph captured under one choice must not be replayed under the other (the choice is in
-    the graph's key), and going back replays the first choice's graph."""
+    code runs, so the kernels' counter stands still). The width switches (the multi-column
+    kernels', the streaming kernel's) change between decodes: a graph captured under one choice
+    must not be replayed under the other (the choice is in the graph's key), and going back
+    replays the first choice's graph."""
     import dev_scripts
     from localspec.engine.llama_model import LlamaModel
 
@@ -156,13 +162,13 @@ def test_cuda_graph_captured_under_one_width_choice_is_not_replayed_under_anothe
     tokens, positions = (np.arange(n) * 31 + 5) % model.vocab_size, np.arange(16, 16 + n)
 
     def decodes(mask: int, times: int = 4) -> tuple[int, np.ndarray]:
-        os.environ["GGML_CUDA_MULTICOL_WIDTHS"] = str(mask)   # conftest puts it back
-        before = ggml_cuda.kernel_calls()
+        os.environ[switch] = str(mask)   # conftest puts it back
+        before = ggml_cuda.kernel_calls(counter)
         for _ in range(times):
             model.decode(tokens, positions)
             logits = model.logits().copy()
             model.seq_rm(0, 16, -1)
-        return ggml_cuda.kernel_calls() - before, logits
+        return ggml_cuda.kernel_calls(counter) - before, logits
 
     try:
         model.prefill(list(range(100, 116)), 0)

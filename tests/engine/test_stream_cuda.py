@@ -1,0 +1,74 @@
+"""packaging/patches' streaming Q4_K kernel (ggml-cuda's mmvq-stream.cu: Q4_K weights in ggml's own
+rows times 1..16 columns, streamed once for all of them into int8 tensor cores) against ggml's own
+CUDA kernels, on random data. Runs where llama.cpp has a CUDA backend and a GPU (the GPU host:
+`dev/gpu-kernels.sh`); skipped elsewhere.
+
+The kernel sums the integers ggml's mat-vec sums (a Q4_K sub-block against a q8_1 block) and
+applies the scales in fp32 per sub-block, in another order: within float rounding of ggml's
+mat-vec (1..8 columns), and of mul_mat_q within its own difference (9..16, test_multicol_cuda's
+TOLERANCE_MMQ). Each column's sums run in the same order at every width, so a column's result is
+the same bits at every width."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import ggml_cuda
+from test_multicol_cuda import COLS, Q4_K, Q6_K, TOLERANCE, TOLERANCE_MMQ, _inputs, _run
+
+EVERY = str((1 << COLS) - 1)
+
+# (row length, rows): the reference target's (1536, 8960), rows not a multiple of the kernel's 64,
+# one super-block a row, and 7B-shaped k/v and q/o matrices (a row split over blocks: split-K)
+CASES = [(1536, 200), (8960, 40), (256, 1000), (3584, 512), (3584, 3584)]
+
+pytestmark = pytest.mark.skipif(not ggml_cuda.available(),
+                                reason="needs llama.cpp's CUDA backend and a GPU")
+
+
+def _stream(tmp, kind, weights, acts, name, widths=EVERY, **more):
+    return _run(tmp, kind, weights, acts, name, stream_widths=widths, max="0", **more)
+
+
+@pytest.mark.parametrize("k,rows", CASES, ids=[f"{k}x{rows}" for k, rows in CASES])
+def test_stream_kernel_matches_ggml_and_a_column_is_the_same_at_every_width(tmp_path, k, rows):
+    weights, acts = _inputs(Q4_K, k, rows)
+    stock = _run(tmp_path, Q4_K, weights, acts, "stock", max="0")
+    assert stock["stream_calls"] in (0, -1), "the streaming kernel ran although no width was named"
+    got = _stream(tmp_path, Q4_K, weights, acts, "stream")
+    assert got["stream_calls"] == COLS, "the streaming kernel did not take every width"
+    scale = float(np.abs(stock[f"w{COLS}"]).max())
+    widest = got[f"w{COLS}"]
+    for n in range(1, COLS + 1):
+        err = float(np.abs(got[f"w{n}"] - stock[f"w{n}"]).max()) / scale
+        assert err <= (TOLERANCE if n <= 8 else TOLERANCE_MMQ), f"{n} columns: {err:.2e} of the output's scale from ggml's"
+        assert np.array_equal(got[f"w{n}"], widest[:n]), f"a column's output changed at {n} columns"
+
+
+def test_stream_widths_mask_sends_exactly_its_widths_and_only_q4_k(tmp_path):
+    """GGML_CUDA_STREAM_WIDTHS names the widths; the others keep ggml's bits. Q6_K matrices stay
+    where the other switches send them at every width."""
+    weights, acts = _inputs(Q4_K, 1536, 200)
+    widths = {1, 3, 8, 9, 16}
+    stock = _run(tmp_path, Q4_K, weights, acts, "stock", max="0")
+    every = _stream(tmp_path, Q4_K, weights, acts, "every")
+    some = _stream(tmp_path, Q4_K, weights, acts, "some", widths=hex(sum(1 << (n - 1) for n in widths)))
+    assert some["stream_calls"] == len(widths)
+    for n in range(1, COLS + 1):
+        assert np.array_equal(some[f"w{n}"], (every if n in widths else stock)[f"w{n}"]), f"{n} columns"
+    weights6, acts6 = _inputs(Q6_K, 1536, 200)
+    stock6 = _run(tmp_path, Q6_K, weights6, acts6, "stock6", max="0")
+    named6 = _stream(tmp_path, Q6_K, weights6, acts6, "named6")
+    assert named6["stream_calls"] == 0
+    for n in range(1, COLS + 1):
+        assert np.array_equal(named6[f"w{n}"], stock6[f"w{n}"]), f"Q6_K, {n} columns"
+
+
+def test_stream_kernel_adds_a_bias_row_in_its_store_with_the_bits_of_a_separate_add(tmp_path):
+    weights, acts = _inputs(Q4_K, 3584, 512)
+    bias = np.random.default_rng(11).normal(size=512).astype(np.float32)
+    plain = _stream(tmp_path, Q4_K, weights, acts, "plain")
+    fused = _stream(tmp_path, Q4_K, weights, acts, "bias", bias=bias)
+    assert fused["stream_calls"] == COLS
+    for n in range(1, COLS + 1):
+        assert np.array_equal(fused[f"w{n}"], plain[f"w{n}"] + bias), f"{n} columns"
