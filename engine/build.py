@@ -120,17 +120,21 @@ class Loaded:
         self.model.close()
 
 
-def kv_type_for(options: Options) -> str:
+def kv_type_for(options: Options, on_gpu: bool | None = None) -> str:
     """The KV cache's cell type this run uses: the one asked for, else models/fit.py's
-    AUTO_KV_TYPE for where the target runs; exact numerics keep f16 (their promise is checked on
-    it)."""
-    from localspec.models.fit import AUTO_KV_TYPE
+    auto_kv_type for where the target runs (on_gpu: already known); exact numerics keep f16
+    (their promise is checked on it)."""
+    from localspec.models.fit import auto_kv_type
 
     if options.kv_type != "auto":
         return options.kv_type
     if options.exact:
         return "f16"
-    return AUTO_KV_TYPE["gpu" if options.n_gpu_layers != 0 and gpu_offload_supported() else "cpu"]
+    return auto_kv_type(_on_gpu(options) if on_gpu is None else on_gpu)
+
+
+def _on_gpu(options: Options) -> bool:
+    return options.n_gpu_layers != 0 and gpu_offload_supported()
 
 
 def default_context(options: Options) -> int:
@@ -140,8 +144,8 @@ def default_context(options: Options) -> int:
     from localspec.models.gguf_file import read_gguf
 
     path = Path(options.model).expanduser()
-    on_gpu = options.n_gpu_layers != 0 and gpu_offload_supported()
-    return fitted_context(read_gguf(path), path.stat().st_size, on_gpu, kv_type=kv_type_for(options))
+    on_gpu = _on_gpu(options)
+    return fitted_context(read_gguf(path), path.stat().st_size, on_gpu, kv_type=kv_type_for(options, on_gpu))
 
 
 def load(options: Options, names: Sequence[str], *, measure: bool, refresh: bool = False,

@@ -53,6 +53,11 @@ def kv_cache_bytes(info: GGUFInfo, n_ctx: int = CONTEXT, kv_type: str = "f16") -
 # f16 (decode, a verify's rows and a turn's prefill; docs/decisions/0047).
 AUTO_KV_TYPE = {"cpu": "f16", "gpu": "f16"}
 
+
+def auto_kv_type(on_gpu: bool) -> str:
+    """The KV cache's cell type `--kv-type auto` takes where the target runs."""
+    return AUTO_KV_TYPE["gpu" if on_gpu else "cpu"]
+
 # Of the memory left once the weights are in, what a fitted context's KV cache may take: the rest
 # stays for llama.cpp's compute buffers, a draft, and the other programs on the machine.
 FIT_SHARE = 0.5
@@ -107,7 +112,7 @@ def listed_context(target, free: FreeMemory) -> int | None:
     except (LocalspecError, OSError, ValueError):
         return None
     on_gpu = free.vram is not None and verdict(need_bytes([target]), free) == "fits in VRAM"
-    return fitted_context(info, target.size, on_gpu, free, AUTO_KV_TYPE["gpu" if on_gpu else "cpu"])
+    return fitted_context(info, target.size, on_gpu, free, auto_kv_type(on_gpu))
 
 
 def need_bytes(models: list) -> int | None:
