@@ -162,7 +162,10 @@ def test_cuda_graph_captured_under_one_width_choice_is_not_replayed_under_anothe
     tokens, positions = (np.arange(n) * 31 + 5) % model.vocab_size, np.arange(16, 16 + n)
 
     def decodes(mask: int, times: int = 4) -> tuple[int, np.ndarray]:
-        os.environ[switch] = str(mask)   # conftest puts it back
+        os.environ[switch] = str(mask)   # conftest puts them back
+        # the other kernels off, so that "off" is ggml's own (the multi-column kernels' defaults
+        # take 12 columns, with the streaming kernel's bits on this model)
+        os.environ["GGML_CUDA_MULTICOL_WIDTHS" if switch != "GGML_CUDA_MULTICOL_WIDTHS" else "GGML_CUDA_STREAM_WIDTHS"] = "0"
         before = ggml_cuda.kernel_calls(counter)
         for _ in range(times):
             model.decode(tokens, positions)
