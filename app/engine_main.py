@@ -19,7 +19,8 @@ import signal
 import sys
 import threading
 import time
-from typing import IO
+from dataclasses import dataclass
+from typing import IO, Callable, Sequence
 
 from localspec.engine.native import gpu_name  # first: llama.cpp before numpy/torch (engine/native.py)
 from localspec.engine.calibrate import Step
@@ -40,6 +41,47 @@ from .run_options import resolved
 # round can be a few ms on a GPU; 20 updates a second still reads as a stream
 # (docs/decisions/0050).
 STREAM_INTERVAL_S = 0.05
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Text for one Token, with the tokens (and their proposers) of the rounds it came from."""
+
+    text: str
+    tokens: list[int]
+    sources: list[str]
+
+
+class Chunks:
+    """The rounds' text in Chunks: the first text at once, then at most one Chunk per `interval`
+    seconds (a round's text may be held back, its tokens with it); `finish` gives what is left,
+    text or tokens. Rounds whose text is still held back by the detokeniser send their tokens
+    with the next text, so a Chunk's pieces can be cut by token."""
+
+    def __init__(self, interval: float, clock: Callable[[], float] = time.perf_counter) -> None:
+        self._interval, self._clock = interval, clock
+        self._text: list[str] = []
+        self._tokens: list[int] = []
+        self._sources: list[str] = []
+        self._sent: float | None = None   # when the last text went out
+
+    def add(self, text: str, tokens: Sequence[int], sources: Sequence[str]) -> Chunk | None:
+        self._text.append(text)
+        self._tokens.extend(tokens)
+        self._sources.extend(sources)
+        if text and (self._sent is None or self._clock() - self._sent >= self._interval):
+            return self._take()
+        return None
+
+    def finish(self) -> Chunk | None:
+        return self._take() if self._tokens or any(self._text) else None
+
+    def _take(self) -> Chunk:
+        chunk = Chunk("".join(self._text), self._tokens, self._sources)
+        self._text, self._tokens, self._sources = [], [], []
+        if chunk.text:
+            self._sent = self._clock()
+        return chunk
 
 
 class Inbox:
@@ -153,27 +195,18 @@ class Server:
 
     def _stream(self, rid: str, tokens: list[int], sampling: SamplingParams, max_tokens: int,
                 stop: tuple[str, ...] = (), prepared: float = 0.0) -> None:
-        """Send the text of rounds as it becomes final, the first at once and then at most once per
-        STREAM_INTERVAL_S (the tokens of rounds held back travel with the next text, so a Token's
-        pieces can be cut by token), then Done."""
+        """Send the rounds' text as Chunks make it (Chunks), then Done."""
         t0 = time.perf_counter()
+        chunks = Chunks(STREAM_INTERVAL_S)
         first_text: list[float] = []   # seconds from t0 to the first Token with text sent
-        pending_tokens: list[int] = []
-        pending_sources: list[str] = []
-        pending_text: list[str] = []
-        last_sent = 0.0
 
-        def flush() -> None:
-            nonlocal last_sent
-            text = "".join(pending_text)
-            pieces = split_by_source(text, pending_tokens, self.session.model.piece)
-            self.send(Token(rid, text, list(pending_tokens), list(pending_sources), pieces))
-            last_sent = time.perf_counter()
-            if text and not first_text:
-                first_text.append(last_sent - t0)
-            pending_tokens.clear()
-            pending_sources.clear()
-            pending_text.clear()
+        def send(chunk: Chunk | None) -> None:
+            if chunk is None:
+                return
+            pieces = split_by_source(chunk.text, chunk.tokens, self.session.model.piece)
+            self.send(Token(rid, chunk.text, chunk.tokens, chunk.sources, pieces))
+            if chunk.text and not first_text:
+                first_text.append(time.perf_counter() - t0)
 
         # A stop is asked for between rounds: the engine ends there and finishes with its statistics.
         # reuse: the cache still holds the conversation's last turn, and this one starts with it
@@ -182,14 +215,9 @@ class Server:
         for event in stream:
             match event:
                 case Round(text=text, tokens=toks, sources=sources):
-                    pending_tokens.extend(toks)
-                    pending_sources.extend(sources)
-                    pending_text.append(text)
-                    if text and (not first_text or time.perf_counter() - last_sent >= STREAM_INTERVAL_S):
-                        flush()
+                    send(chunks.add(text, toks, sources))
                 case Finished(generation=result):
-                    if pending_tokens:
-                        flush()
+                    send(chunks.finish())
                     stats = stats_dict(result.stats)
                     stats["wall_seconds"] = round(time.perf_counter() - t0, 4)
                     # the first text's time beside the prefill's (stats' seconds): what came
