@@ -140,7 +140,13 @@ class ReplyStream:
         if reply.view is not None:
             await reply.view.append(event.text, segments)
             if reply.view.is_attached:
-                self.query_one("#messages", VerticalScroll).scroll_end(animate=False)
+                self._follow()
+
+    def _follow(self: ChatScreen) -> None:
+        """Keep the reply's end in view: after the next refresh, when the layout holds what was
+        just added (scrolled at once, a chunk of several lines left its end below the fold)."""
+        messages = self.query_one("#messages", VerticalScroll)
+        self.call_after_refresh(messages.scroll_end, animate=False)
 
     async def finish(self: ChatScreen, state: str, text: str | None = None,
                      stats: dict | None = None, note: str = "") -> None:
@@ -154,6 +160,8 @@ class ReplyStream:
             self.history.release(reply.conversation_id)    # no longer open here
         if reply.view is not None:
             await reply.view.finish(state, content, stats, note)
+            if reply.view.is_attached:
+                self._follow()
         if state == "complete":
             chat = [m.as_chat() for m in self.history.messages(reply.conversation_id) if m.content]
             self.app.engine_call("learn", reply.conversation_id, chat)
