@@ -25,6 +25,7 @@ from typing import IO, Callable, Sequence
 from localspec.engine.native import gpu_name  # first: llama.cpp before numpy/torch (engine/native.py)
 from localspec.engine.calibrate import Step
 from localspec.engine.config import SamplingParams
+from localspec.engine.chat import warm
 from localspec.engine.errors import LocalspecError
 from localspec.engine.generation import Finished, Round
 from localspec.engine.options import Options, check_values, sampling_of
@@ -335,6 +336,7 @@ def main() -> int:
         return 0
     server = Server(session, inbox, out)
     try:
+        warm(session.model)     # the first chat request as quick as the next (engine/chat.py)
         server.send(ready_event(session))
         server.serve()
     finally:

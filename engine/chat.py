@@ -92,6 +92,18 @@ def chat_tokens(model, messages: Sequence[dict],
     return model.tokenize(text, special=True)
 
 
+def warm(model) -> None:
+    """Start the template worker and compile `model`'s template now, before a first chat request
+    would: that request then pays a pipe round trip, not an interpreter's start and jinja2's
+    import. A model without a template, or whose template fails, says so when a request comes."""
+    if not model.meta("tokenizer.chat_template"):
+        return
+    try:
+        chat_tokens(model, [{"role": "user", "content": "hello"}])
+    except LocalspecError:
+        pass
+
+
 class _Renderer:
     """The worker process, started on first use; one render at a time."""
 

@@ -104,6 +104,28 @@ def test_text_goes_out_at_most_once_an_interval_after_the_first(engine):
     assert len(sent) <= 2 + done.stats["wall_seconds"] / STREAM_INTERVAL_S, (len(sent), done.stats["wall_seconds"])
 
 
+def test_the_template_renderer_is_up_before_ready(engine):
+    """A first chat request pays no interpreter start: the engine process starts its chat-template
+    worker (engine/chat.py) and compiles the model's template before it says Ready."""
+    ready(engine)
+    children = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _parent(p) == engine.pid]
+    assert any(b"template_worker.py" in _cmdline(p) for p in children), children
+
+
+def _parent(proc: Path) -> int | None:
+    try:
+        return int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):   # gone meanwhile
+        return None
+
+
+def _cmdline(proc: Path) -> bytes:
+    try:
+        return (proc / "cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 def test_stop_ends_a_reply_quickly_and_keeps_the_engine_consistent(engine, expected):
     ready(engine)
     # a stop string that never comes holds back the text's last 3 characters: the stop's last
