@@ -24,6 +24,7 @@ import numpy as np
 from localspec.models.architectures import check_runnable
 from localspec.models.gguf_file import GGUFInfo, read_gguf
 
+from .cores import governor
 from .errors import LocalspecError
 from .hidden_states import HiddenStates
 from .options import MAX_CTX
@@ -136,6 +137,11 @@ class LlamaModel(HiddenStates):
             self.close()
             raise
         threads = self.n_threads = n_threads or default_threads()
+        # without a count, the threads follow the cores other processes leave free (cores.py)
+        self._governed = n_threads is None and not exact
+        self.threads_now = threads
+        if self._governed:
+            governor().threads(threads)   # the first look: the load's second counts as a window
         cparams = self._context_params(n_ctx, n_batch, n_seq_max, n_pad_seqs, threads)
         mark = log_mark()
         self._ctx = lc.llama_init_from_model(self._model, cparams)
@@ -263,6 +269,12 @@ class LlamaModel(HiddenStates):
         return buf.value.decode("utf-8", errors="replace")
 
     # ---- decoding ---------------------------------------------------------------------------
+    def _follow_cores(self) -> None:
+        n = governor().threads(self.n_threads)
+        if n != self.threads_now:
+            lc.llama_set_n_threads(self._ctx, n, n)
+            self.threads_now = n
+
     def decode(self, tokens: Sequence[int] | np.ndarray, positions: Sequence[int] | np.ndarray,
                seq_ids: Sequence[Sequence[int]] | None = None, *, logits: bool | np.ndarray = True,
                pad_to: int = 0, top_up: bool = True) -> None:
@@ -279,6 +291,8 @@ class LlamaModel(HiddenStates):
         under pad_to (for a llama.cpp that keeps a CUDA graph per shape, packaging/patches, where
         a rebuilt compute graph costs only its CPU-side build).
         """
+        if self._governed:
+            self._follow_cores()
         n = len(tokens)
         total = (max(n + 1, pad_to) if top_up else max(n, pad_to)) if pad_to else n
         if n == 0 or total > self.n_batch:
