@@ -44,7 +44,7 @@ def add_model_options(p: argparse.ArgumentParser, model_required: bool = True,
 
 
 def add_threads_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--threads", type=int, help="CPU threads (default: every core this process may use)")
+    p.add_argument("--threads", type=int, help="CPU threads (default: the cores this process may use that other processes leave free, looked at each second)")
 
 
 def add_engine_options(p: argparse.ArgumentParser) -> None:

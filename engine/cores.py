@@ -3,7 +3,7 @@
 ggml's threads meet at a spinning barrier after every operation of a decode, hundreds a token.
 With as many threads as cores and another process running, one of them is descheduled at a
 time and the rest spin until it runs again: on a 2-core machine with one core busy elsewhere,
-two threads decode at less than half the speed of one (docs/decisions/0052). So a model opened
+two threads decode far slower than one (docs/decisions/0052). So a model opened
 without a thread count follows the machine: once a second at most, before a decode, `threads`
 measures how much of this process's cores other processes used since the last look (the
 cores' busy time in /proc/stat less this process's own CPU time) and moves the count one way
