@@ -230,7 +230,7 @@ def run_bench(target: Path, draft: Path | None, prompts: Sequence[Prompt], names
     `head`: a draft head for the "head" configurations (the target hands back its hidden states
     in those alone: the others run as they would without a head). `exact`: the target in batch-invariant
     numerics (plain too), where greedy configurations must match plain token for token.
-    `n_threads`: CPU threads for the models (None: every core this process may use).
+    `n_threads`: CPU threads for the models (None: the free cores, engine/cores.py).
     `beside`: called with each prompt once every configuration has decoded it (`bench --serve`
     sends it to its servers there, so they take turns with the configurations prompt by prompt)."""
     max_nodes = largest_tree(names)

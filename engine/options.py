@@ -139,7 +139,7 @@ class Options:
     n_ctx: int = 0                     # 0: fitted to the free memory, up to the trained length (build.py)
     kv_type: str = "auto"              # the KV cache's cells: f16, q8_0, or auto (build.kv_type_for)
     n_gpu_layers: int = -1
-    n_threads: int | None = None       # None: every core this process may use
+    n_threads: int | None = None       # None: the cores this process may use, less those others keep busy (cores.py)
     budget: TreeBudget = TreeBudget(max_nodes=DEFAULT_TREE_NODES, adaptive=True)
     draft_limits: DraftLimits = DraftLimits()
     head_limits: DraftLimits = HEAD_LIMITS
