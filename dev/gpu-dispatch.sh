@@ -12,6 +12,10 @@
 #                                       targets; PROFILE_SHAPE=32b adds dev/verify_cost_probe.py's
 #                                       kernel table at 8 and 16 rows on it, stock and fixed
 #   bash dev/gpu-dispatch.sh wait SECS  wait up to SECS for the queue, copy what is done to $OUT
+#   bash dev/gpu-dispatch.sh all JOBS   start, then a background starter that runs the queue of
+#                                       JOBS (dev/gpu-queue.sh) once the build and the first
+#                                       target are there: one call, no polling until results
+#                                       (dev/gpu-session-jobs.txt: the planned session's jobs)
 set -euo pipefail
 case "$1" in
   start)
@@ -22,6 +26,14 @@ case "$1" in
        PYTHONPATH=/tmp/gsite python3 dev/synthetic_target.py --shape $s /tmp/mod/s$s.gguf \
          --tokenizer-from .gpu/tok/tok.gguf || exit 1; done; echo generated' > /tmp/gen.log 2>&1 &)
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader ;;
+  all)
+    jobs=$(realpath "$2")
+    SHAPES="${SHAPES:-7b 32b}" bash "$0" start
+    cp "$jobs" /tmp/session-jobs.txt
+    first=$(echo ${SHAPES:-7b 32b} | cut -d' ' -f1)
+    (setsid nohup bash -c "for _ in \$(seq 200); do grep -q '^built' /tmp/build.log && break; sleep 3; done
+       for _ in \$(seq 400); do [ -f /tmp/mod/s$first.gguf ] && break; sleep 3; done
+       cd /tmp/repo0 && bash dev/gpu-queue.sh start /tmp/session-jobs.txt" > /tmp/starter.log 2>&1 &) ;;
   queue)
     cd /tmp/repo0
     for _ in $(seq 1 110); do grep -q '^built' /tmp/build.log && grep -q generated /tmp/gen.log && break; sleep 5; done
