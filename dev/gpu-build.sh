@@ -24,7 +24,7 @@ else
   cmake -S "$d/vendor/llama.cpp" -B /tmp/cb -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
     -DBUILD_SHARED_LIBS=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
     -DLLAMA_USE_PREBUILT_UI=OFF >/dev/null
-  cmake --build /tmp/cb -j16 --target llama llama-bench llama-server >/dev/null
+  cmake --build /tmp/cb -j16 --target ${TARGETS:-llama llama-bench llama-server} >/dev/null
   if [ -n "${OUT:-}" ]; then
     (cd /tmp/cb/bin && tar cf - ./*.so* llama-server) | xz -T16 -6 | split -b 15m - "$OUT/libs."
     echo "$key" > "$OUT/libs.key"
