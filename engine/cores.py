@@ -3,11 +3,11 @@
 ggml's threads meet at a spinning barrier after every operation of a decode, hundreds a token.
 With as many threads as cores and another process running, one of them is descheduled at a
 time and the rest spin until it runs again: on a 2-core machine with one core busy elsewhere,
-two threads decode far slower than one (docs/decisions/0052). So a model opened
-without a thread count follows the machine: once a second at most, before a decode, `threads`
-measures how much of this process's cores other processes used since the last look (the
-cores' busy time in /proc/stat less this process's own CPU time) and moves the count one way
-or the other, with a band between the two so that a load near the line does not flip it.
+two threads decode far slower than one (docs/decisions/0052). So a model opened without a
+thread count follows the machine: once a second a `Governor` measures how much of this
+process's cores other processes used in that second (the cores' busy time in /proc/stat less
+this process's own CPU time) and moves the count one way or the other, with a band between
+the two so that a load near the line does not flip it; each decode takes the count it holds.
 
 Only models opened without a thread count are governed, and never exact numerics (its bits
 must not depend on when the load came). A thread count changes no matmul's result (ggml splits
@@ -17,6 +17,7 @@ order then follows the count, as it follows `--threads` in llama.cpp itself.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from typing import Callable
 
@@ -72,39 +73,51 @@ def _own_seconds() -> float:
 
 
 class Governor:
-    """The process's thread count for governed models: `threads(most)` before each decode."""
+    """The process's thread count for governed models: `threads(most)` before each decode.
+
+    A daemon thread looks every WINDOW_S, idle or not, so the count a decode reads always rests
+    on the last second: a look taken at a decode after a long idle would average a load that
+    may be gone (or miss one that came) and hold the next request's first second to it."""
 
     def __init__(self, cpus: set[int], read_stat: Callable[[], str | None] = _read_stat,
                  own_seconds: Callable[[], float] = _own_seconds,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, background: bool = True) -> None:
         self.cpus = cpus
         self._read_stat, self._own, self._clock = read_stat, own_seconds, clock
-        self._current: int | None = None
+        self._current = len(cpus)
         self._last: tuple[float, float, float] | None = None   # (clock, busy, own) at the last look
         self.others: float | None = None                       # cores others used in the last window
+        self._background = background
+        self._lock = threading.Lock()
 
     def threads(self, most: int) -> int:
-        """The count to decode with now, for a model whose own most is `most` (its cores)."""
-        if self._current is None:
-            self._current = most
-        now = self._clock()
-        if self._last is None or now - self._last[0] >= WINDOW_S:
-            self._look(now, most)
-        return min(self._current, most)
+        """The count to decode with now, for a model whose own most is `most`."""
+        if self._background:
+            with self._lock:
+                if self._background:
+                    self._background = False
+                    self.look()
+                    threading.Thread(target=self._watch, name="localspec-cores", daemon=True).start()
+        return max(1, min(self._current, most))
 
-    def _look(self, now: float, most: int) -> None:
+    def _watch(self) -> None:
+        while True:
+            time.sleep(WINDOW_S)
+            self.look()
+
+    def look(self) -> None:
+        """One window's reading: the cores others used since the last look move the count."""
+        now = self._clock()
         text = self._read_stat()
         busy = None if text is None else busy_seconds(text, self.cpus)
         if busy is None:             # not Linux, or /proc hidden: nothing to go by, keep the count
-            self._last = (now, 0.0, 0.0)
             return
         own = self._own()
-        if self._last is not None and self._last[1] > 0:
-            wall = now - self._last[0]
-            others = max(0.0, (busy - self._last[1]) - (own - self._last[2])) / wall
+        last, self._last = self._last, (now, busy, own)
+        if last is not None and now > last[0]:
+            others = max(0.0, (busy - last[1]) - (own - last[2])) / (now - last[0])
             self.others = others
-            self._current = threads_after(self._current or most, most, len(self.cpus), others)
-        self._last = (now, busy, own)
+            self._current = threads_after(self._current, len(self.cpus), len(self.cpus), others)
 
 
 def process_cpus() -> set[int]:

@@ -141,7 +141,7 @@ class LlamaModel(HiddenStates):
         self._governed = n_threads is None and not exact
         self.threads_now = threads
         if self._governed:
-            governor().threads(threads)   # the first look: the load's second counts as a window
+            governor().threads(threads)   # its watch starts with the first governed model
         cparams = self._context_params(n_ctx, n_batch, n_seq_max, n_pad_seqs, threads)
         mark = log_mark()
         self._ctx = lc.llama_init_from_model(self._model, cparams)

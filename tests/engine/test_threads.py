@@ -34,14 +34,16 @@ class OneCoreBusy:
 def test_a_model_without_a_thread_count_decodes_on_the_cores_left_free(tiny, monkeypatch):
     if default_threads() < 2:
         pytest.skip("needs two cores")
-    monkeypatch.setattr(cores, "WINDOW_S", 0.05)
-    monkeypatch.setattr(cores, "_GOVERNOR", cores.Governor({0, 1}, OneCoreBusy()))
+    governor = cores.Governor({0, 1}, OneCoreBusy(), background=False)
+    monkeypatch.setattr(cores, "_GOVERNOR", governor)
     governed = LlamaModel(tiny.target_gguf, n_ctx=256)
     fixed = LlamaModel(tiny.target_gguf, n_ctx=256, n_threads=2)
     try:
         tokens = governed.tokenize("def add(a, b):\n    return", special=False)
+        governor.look()                  # what its watch does each second: a baseline,
+        time.sleep(0.3)
+        governor.look()                  # then a window with one core busy elsewhere
         for i, tok in enumerate(tokens):
-            time.sleep(0.06)
             governed.decode([tok], [i])
             fixed.decode([tok], [i])
             assert np.array_equal(governed.logits()[0], fixed.logits()[0]), i

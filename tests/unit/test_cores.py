@@ -56,24 +56,26 @@ class Machine:
         def read() -> str | None:
             half = self.busy_ticks // 2
             return stat((half, 0, 10**6), (self.busy_ticks - half, 0, 10**6)) if self.readable else None
-        return Governor({0, 1}, read, lambda: self.own, lambda: self.now)
+        return Governor({0, 1}, read, lambda: self.own, lambda: self.now, background=False)
 
 
-def test_the_governor_looks_once_a_window_and_follows_the_load():
+def test_each_look_moves_the_count_by_the_last_window():
     m = Machine()
     g = m.governor()
-    assert g.threads(2) == 2                    # the first look is a baseline
-    m.run(0.5, own_cores=2.0, other_cores=0.0)
-    assert g.threads(2) == 2 and g.others is None   # within the window: no look
-    m.run(1.0, own_cores=1.0, other_cores=1.0)      # a busy process came: the window's average
-    assert g.threads(2) == 1 and g.others == pytest.approx(1.0 / 1.5, abs=0.02)
-    m.run(1.0, own_cores=1.0, other_cores=1.0)
+    g.look()                                    # the first look is a baseline
+    assert g.threads(2) == 2 and g.others is None
+    m.run(1.0, own_cores=1.33, other_cores=0.67)    # a busy process came, beside two threads
+    g.look()
+    assert g.threads(2) == 1 and g.others == pytest.approx(0.67, abs=0.02)
+    m.run(1.0, own_cores=1.0, other_cores=1.0)      # alone on its core it takes all of it
+    g.look()
     assert g.threads(2) == 1
-    m.run(1.0, own_cores=2.0, other_cores=0.05)     # it left
+    m.run(1.0, own_cores=1.0, other_cores=0.05)     # it left
+    g.look()
     assert g.threads(2) == 2
 
 
-def test_a_smaller_model_gets_its_own_most():
+def test_a_model_gets_at_most_its_own_count():
     m = Machine()
     g = m.governor()
     assert g.threads(2) == 2
@@ -84,6 +86,18 @@ def test_without_proc_stat_the_count_stays():
     m = Machine()
     m.readable = False
     g = m.governor()
-    assert g.threads(2) == 2
+    g.look()
     m.run(2.0, own_cores=1.0, other_cores=1.0)
+    g.look()
     assert g.threads(2) == 2 and g.others is None
+
+
+def test_the_watch_looks_in_the_background(monkeypatch):
+    monkeypatch.setattr(cores, "WINDOW_S", 0.01)
+    looks = []
+    g = Governor({0}, lambda: looks.append(1) or "cpu0 1 0 0 9 0 0 0 0\n", lambda: 0.0)
+    assert g.threads(1) == 1
+    deadline = cores.time.monotonic() + 5
+    while len(looks) < 3 and cores.time.monotonic() < deadline:
+        cores.time.sleep(0.01)
+    assert len(looks) >= 3                      # no decode asked: the thread looked on its own
