@@ -216,6 +216,10 @@ def _serve(sock, engine, ready, args, key, model_id, flags, run, history) -> Non
                                     timeout_graceful_shutdown=5, limit_concurrency=args.queue + 64,
                                     timeout_keep_alive=5), scheduler)
     server.run(sockets=[sock])
+    if server.interrupted:
+        # uvicorn raises the Ctrl+C again once it has shut down; where that raise was lost (seen
+        # once under load: exit 0, nothing said), the command still ends as Ctrl+C ends it
+        raise KeyboardInterrupt
 
 
 def _log(line: str) -> None:

@@ -21,6 +21,7 @@ import asyncio
 import hmac
 import json
 import os
+import signal
 import sys
 import time
 import traceback
@@ -211,8 +212,10 @@ class Server(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, scheduler: Scheduler) -> None:
         super().__init__(config)
         self.scheduler = scheduler
+        self.interrupted = False     # a SIGINT ended it (the command then exits 130)
 
     def handle_exit(self, sig, frame) -> None:
+        self.interrupted = self.interrupted or sig == signal.SIGINT
         super().handle_exit(sig, frame)
         self.scheduler.cancel_all_soon()
 
