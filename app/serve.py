@@ -217,8 +217,8 @@ def _serve(sock, engine, ready, args, key, model_id, flags, run, history) -> Non
                                     timeout_keep_alive=5), scheduler)
     server.run(sockets=[sock])
     if server.interrupted:
-        # uvicorn raises the Ctrl+C again once it has shut down; where that raise was lost (seen
-        # once under load: exit 0, nothing said), the command still ends as Ctrl+C ends it
+        # uvicorn raises the Ctrl+C again once it has shut down; where that raise is lost, the
+        # command still ends as Ctrl+C ends it (130, "interrupted")
         raise KeyboardInterrupt
 
 

@@ -21,7 +21,7 @@ import threading
 import time
 from typing import Callable
 
-WINDOW_S = 1.0     # the least time between two looks: shorter windows see a scheduler's noise
+WINDOW_S = 1.0     # how often the watch looks: shorter windows see a scheduler's noise
 # A core counts as taken once other processes use more than DOWN of it, and as free again once
 # they use less than UP of it; between the two the count stays (docs/decisions/0052).
 DOWN = 0.55

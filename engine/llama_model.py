@@ -14,7 +14,6 @@ from .native import (ExactNumerics, errors_since, gpu_offload_supported,  # firs
                      has_exact_switches, last_log, log_mark)
 
 import ctypes
-import os
 from pathlib import Path
 from typing import Sequence
 
@@ -24,7 +23,7 @@ import numpy as np
 from localspec.models.architectures import check_runnable
 from localspec.models.gguf_file import GGUFInfo, read_gguf
 
-from .cores import governor
+from .cores import governor, process_cpus
 from .errors import LocalspecError
 from .hidden_states import HiddenStates
 from .options import MAX_CTX
@@ -43,7 +42,7 @@ def exact_in_process() -> bool:
 
 
 def default_threads() -> int:
-    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    return max(1, len(process_cpus()))
 
 
 def check_context(n_ctx: int, n_ctx_train: int, n_batch: int, sequences: int) -> None:

@@ -3,7 +3,6 @@
 run on one thread, and the thread count changes none of the logits."""
 from __future__ import annotations
 
-import os
 import time
 
 import llama_cpp as lc
@@ -18,15 +17,10 @@ class OneCoreBusy:
     """/proc/stat's text as if another process kept one core busy beside this process's own time."""
 
     def __init__(self) -> None:
-        self.start, self.own = time.monotonic(), self._own()
-
-    @staticmethod
-    def _own() -> float:
-        t = os.times()
-        return t.user + t.system
+        self.start, self.own = time.monotonic(), cores._own_seconds()
 
     def __call__(self) -> str:
-        busy = (self._own() - self.own) + (time.monotonic() - self.start)   # seconds, both cores
+        busy = (cores._own_seconds() - self.own) + (time.monotonic() - self.start)   # seconds, both cores
         half = 10_000 + int(busy * cores._TICK / 2)
         return f"cpu0 {half} 0 0 999999 0 0 0 0\ncpu1 {half} 0 0 999999 0 0 0 0\n"
 

@@ -75,8 +75,8 @@ def test_chat_line_stops_before_the_next_reply_when_its_model_file_changed(tiny,
 def test_a_file_truncated_during_a_generation_is_said_not_a_bus_error(tiny, tmp_path):
     """The weights are read while each token is made: a truncation mid-reply raises SIGBUS."""
     model = _copy(tiny, tmp_path)
-    # near-uniform sampling with a seed whose reply runs ~800 tokens: greedy ends after 17, which
-    # a decode on a free core finishes before the truncation lands (seen under a busy core)
+    # near-uniform sampling with a seed whose reply is long: greedy's is so short that a fast
+    # decode can finish it before the truncation lands
     proc = subprocess.Popen([*CLI, "generate", "--model", str(model), "--raw", "--ctx", "2048",
                              "--max-tokens", "1900", "--no-speculation", "--temperature", "50",
                              "--top-k", "0", "--top-p", "1", "--seed", "1", "def main():"],
