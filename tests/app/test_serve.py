@@ -174,7 +174,13 @@ def _answered_in_order(server, results: dict) -> tuple[list, list]:
     ends)."""
     assert len(results) == 8 and {code for code, *_ in results.values()} <= {200, 503}, results
     answered = sorted((int(rid.split("-")[1]) for code, _, rid, _ in results.values() if code == 200))
-    ended = [int(m) for m in re.findall(r" 200 \d+ ms req-(\d+) ", server.log_text())]
+    # the server logs a request once its response is out: the client can hold it first
+    deadline = time.monotonic() + 10
+    while True:
+        ended = [int(m) for m in re.findall(r" 200 \d+ ms req-(\d+) ", server.log_text())]
+        if set(answered) <= set(ended) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
     assert [i for i in ended if i in answered] == answered
     return answered, [(body, retry) for code, _, body, retry in results.values() if code == 503]
 
