@@ -16,6 +16,8 @@
 #                                       JOBS (dev/gpu-queue.sh) once the build and the first
 #                                       target are there: one call, no polling until results
 #                                       (dev/gpu-session-jobs.txt: the planned session's jobs)
+#   bash dev/gpu-dispatch.sh libs       once built: the build's libraries to $OUT as libs.* and
+#                                       libs.key (put them in .gpu/libs: the next session skips the build)
 set -euo pipefail
 case "$1" in
   start)
@@ -49,6 +51,10 @@ case "$1" in
       [ "${TESTS:-}" = none ] || echo "LOCALSPEC_BENCH_MODELS=/tmp/mod/ref python3 -m pytest -q -rs -p no:cacheprovider ${TESTS:-} tests/engine/test_multicol_cuda.py tests/engine/test_synthetic_target.py > \$RES/kernel-tests.txt 2>&1"
     } > /tmp/jobs.txt
     bash dev/gpu-queue.sh start /tmp/jobs.txt ;;
+  libs)
+    cd /tmp/repo0 && grep -q '^built' /tmp/build.log
+    (cd /tmp/cb/bin && tar cf - ./*.so* llama-server) | xz -T16 -6 | split -b 15m - "$OUT/libs."
+    (cat packaging/patches/*.patch; echo with-llama-server) | sha256sum | cut -c1-16 > "$OUT/libs.key" ;;
   wait)
     bash /tmp/repo0/dev/gpu-queue.sh poll "${2:-280}"
     cp /tmp/queue/res/* /tmp/queue-gpu.txt "$OUT"/ 2>/dev/null || true

@@ -4,9 +4,10 @@ that rules out before a single round is played.
 At load, each llama.cpp model (the target, a GGUF draft) decodes batches of 1..N tokens after a
 short context, the models taking turns; the fastest of a few repetitions counts (the others caught
 a noisy neighbour). The curves are cached as JSON under the user data dir for 30 days, keyed by the
-model files (path, size, mtime), the offload, the thread count, whether the target hands back
-hidden states (for a draft head), the CPU and llama.cpp's build: a new machine or model measures
-again (`localspec calibrate --refresh` does it by hand).
+model files (path, size, mtime), the offload, the thread count they were measured at (held for
+the calibration: 0053), whether the target hands back hidden states (for a draft head), the CPU
+and llama.cpp's build: a new machine or model measures again (`localspec calibrate --refresh`
+does it by hand).
 
 The curves become `Costs` (costs.py), which the engine prices its trees by. Why these constants:
 docs/decisions/0002, 0003, 0004, 0005.
@@ -24,6 +25,7 @@ import math
 import os
 import platform
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -294,7 +296,7 @@ def _fingerprint(models: Sequence[LlamaModel]) -> str:
     for model in models:
         st = model.path.stat()
         parts += [str(model.path.resolve()), str(st.st_size), str(int(st.st_mtime)),
-                  str(model.n_gpu_layers), str(model.n_threads), str(model.n_batch),
+                  str(model.n_gpu_layers), str(model.threads_now), str(model.n_batch),
                   "exact" if getattr(model, "exact", False) else "fast",
                   # with hidden states llama.cpp outputs (and copies out) every row of a batch,
                   # which a head's target pays for: another curve
@@ -400,6 +402,20 @@ def default_cache_dir() -> Path:
 def calibrate(target: LlamaModel, draft: LlamaModel | None, max_nodes: int,
               cache_dir: Path | None = None, refresh: bool = False,
               progress: Progress | None = None, keep: bool = True) -> Costs:
+    """`_calibrate` with each model's thread count held at what the cores allow when it starts
+    (engine/cores.py): the curves are that count's, and the cache is keyed by it. On a CPU a
+    batch's cost over one row's depends on the count (docs/decisions/0053), so curves measured
+    while another process kept a core busy must not stand for a quiet machine's, nor the other
+    way round."""
+    with ExitStack() as held:
+        for model in (target, draft):
+            if model is not None:
+                held.enter_context(model.threads_held())
+        return _calibrate(target, draft, max_nodes, cache_dir, refresh, progress, keep)
+
+
+def _calibrate(target: LlamaModel, draft: LlamaModel | None, max_nodes: int,
+               cache_dir: Path | None, refresh: bool, progress: Progress | None, keep: bool) -> Costs:
     """Cost curves of the target (batches up to max_nodes + 2: a full tree and its padding) and
     of a GGUF draft; with the target on a GPU, also what a change of batch shape costs
     (`measure_switch`); on a CPU with packaging/patches, ggml's tiled-matmul floor

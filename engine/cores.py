@@ -22,6 +22,9 @@ import time
 from typing import Callable
 
 WINDOW_S = 1.0     # how often the watch looks: shorter windows see a scheduler's noise
+# the watch's first window is shorter, so that a calibration soon after the first model opened
+# (which waits for a reading: `settled`) waits little; the band absorbs its noise
+FIRST_WINDOW_S = 0.25
 # A core counts as taken once other processes use more than DOWN of it, and as free again once
 # they use less than UP of it; between the two the count stays (docs/decisions/0052).
 DOWN = 0.55
@@ -89,6 +92,7 @@ class Governor:
         self.others: float | None = None                       # cores others used in the last window
         self._background = background
         self._lock = threading.Lock()
+        self._reading = threading.Event()    # set once a window was read (or nothing can be)
 
     def threads(self, most: int) -> int:
         """The count to decode with now, for a model whose own most is `most`."""
@@ -100,10 +104,16 @@ class Governor:
                     threading.Thread(target=self._watch, name="localspec-cores", daemon=True).start()
         return max(1, min(self._current, most))
 
+    def settled(self, timeout: float = 2 * FIRST_WINDOW_S) -> None:
+        """Wait (at most `timeout`) until the count rests on a window's reading: the count
+        before the first one is only the cores'."""
+        self._reading.wait(timeout)
+
     def _watch(self) -> None:
+        time.sleep(FIRST_WINDOW_S)
         while True:
-            time.sleep(WINDOW_S)
             self.look()
+            time.sleep(WINDOW_S)
 
     def look(self) -> None:
         """One window's reading: the cores others used since the last look move the count."""
@@ -111,6 +121,7 @@ class Governor:
         text = self._read_stat()
         busy = None if text is None else busy_seconds(text, self.cpus)
         if busy is None:             # not Linux, or /proc hidden: nothing to go by, keep the count
+            self._reading.set()
             return
         own = self._own()
         last, self._last = self._last, (now, busy, own)
@@ -118,6 +129,7 @@ class Governor:
             others = max(0.0, (busy - last[1]) - (own - last[2])) / (now - last[0])
             self.others = others
             self._current = threads_after(self._current, len(self.cpus), len(self.cpus), others)
+            self._reading.set()
 
 
 def process_cpus() -> set[int]:

@@ -14,8 +14,9 @@ from .native import (ExactNumerics, errors_since, gpu_offload_supported,  # firs
                      has_exact_switches, last_log, log_mark)
 
 import ctypes
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import llama_cpp as lc
 import numpy as np
@@ -273,6 +274,21 @@ class LlamaModel(HiddenStates):
         if n != self.threads_now:
             lc.llama_set_n_threads(self._ctx, n, n)
             self.threads_now = n
+
+    @contextmanager
+    def threads_held(self) -> Iterator[int]:
+        """The thread count the cores allow now, held until the block ends (yielded): a
+        calibration measures under one count, the one its cache is keyed by (a curve at one
+        thread is another curve: docs/decisions/0053)."""
+        governed = self._governed
+        if governed:
+            governor().settled()
+            self._follow_cores()
+        self._governed = False
+        try:
+            yield self.threads_now
+        finally:
+            self._governed = governed
 
     def decode(self, tokens: Sequence[int] | np.ndarray, positions: Sequence[int] | np.ndarray,
                seq_ids: Sequence[Sequence[int]] | None = None, *, logits: bool | np.ndarray = True,

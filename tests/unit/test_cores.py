@@ -92,8 +92,29 @@ def test_without_proc_stat_the_count_stays():
     assert g.threads(2) == 2 and g.others is None
 
 
+def test_settled_waits_for_the_first_window_only():
+    m = Machine()
+    g = m.governor()
+    g.look()
+    start = cores.time.monotonic()
+    g.settled(timeout=0.05)                     # a baseline alone is no reading: it waits it out
+    assert cores.time.monotonic() - start >= 0.05
+    m.run(1.0, own_cores=1.0, other_cores=1.0)
+    g.look()
+    start = cores.time.monotonic()
+    g.settled(timeout=5)
+    assert cores.time.monotonic() - start < 1 and g.threads(2) == 1
+    m.readable = False
+    blind = m.governor()
+    blind.look()                                # nothing to read: nothing to wait for
+    start = cores.time.monotonic()
+    blind.settled(timeout=5)
+    assert cores.time.monotonic() - start < 1
+
+
 def test_the_watch_looks_in_the_background(monkeypatch):
     monkeypatch.setattr(cores, "WINDOW_S", 0.01)
+    monkeypatch.setattr(cores, "FIRST_WINDOW_S", 0.01)
     looks = []
     g = Governor({0}, lambda: looks.append(1) or "cpu0 1 0 0 9 0 0 0 0\n", lambda: 0.0)
     assert g.threads(1) == 1
