@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -111,6 +112,7 @@ class InUse:
 
     def __init__(self, model_path: Path, folder: Path) -> None:
         self._fd = None
+        self._guard = threading.Lock()   # a generation's end and `close` may race (threads)
         try:
             self._fd = _open(lock_path(model_path, folder, "use"))
         except OSError:       # the model file is gone: nothing to measure it by either
@@ -129,10 +131,12 @@ class InUse:
         try:
             yield
         finally:
-            if self._fd == fd:           # still open: closing released it already otherwise
-                fcntl.flock(fd, fcntl.LOCK_UN)
+            with self._guard:
+                if self._fd == fd:       # still open: closing released it already otherwise
+                    fcntl.flock(fd, fcntl.LOCK_UN)
 
     def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        with self._guard:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None

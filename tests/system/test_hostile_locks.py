@@ -146,3 +146,31 @@ def test_a_generation_waits_while_another_process_measures(tiny, tmp_path, monke
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_a_generation_ending_while_the_session_closes_never_unlocks_a_closed_file(tmp_path):
+    """`close` and a generation's end on another thread, raced many times: the end lets go of the
+    lock only while the file is open (an fd closed under it, or reused by then, is never touched)."""
+    import threading
+
+    from localspec.engine.model_lock import InUse
+
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"GGUF")
+    errors = []
+    for _ in range(300):
+        use = InUse(model, tmp_path / "locks")
+        started = threading.Event()
+
+        def generate() -> None:
+            try:
+                with use.generating():
+                    started.set()
+            except OSError as err:
+                errors.append(err)
+        thread = threading.Thread(target=generate)
+        thread.start()
+        started.wait(5)
+        use.close()
+        thread.join(5)
+    assert errors == []
