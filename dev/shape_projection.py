@@ -31,7 +31,7 @@ from pathlib import Path
 
 from localspec.engine import build  # llama.cpp before numpy: see engine/native.py
 from localspec.engine.costs import Costs
-from localspec.engine.llama_model import LlamaModel
+from localspec.engine.llama_model import LlamaModel, padded_rows
 from localspec.engine.config import SamplingParams
 
 from localspec.app import bench
@@ -115,8 +115,7 @@ def main() -> int:
         began = clock.real()
         real_decode(self, tokens, positions, seq_ids, logits=logits, pad_to=pad_to, top_up=top_up)
         spent = clock.real() - began
-        n = len(tokens)
-        rows = (max(n + 1, pad_to) if top_up else max(n, pad_to)) if pad_to else n
+        rows = padded_rows(len(tokens), pad_to, top_up)
         path = Path(self.path).resolve()
         curve = target_ms if path == model_path else draft_ms if path == draft_path else None
         if curve:

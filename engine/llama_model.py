@@ -46,6 +46,11 @@ def default_threads() -> int:
     return max(1, len(process_cpus()))
 
 
+def padded_rows(n: int, pad_to: int, top_up: bool) -> int:
+    """The rows a batch of n tokens decodes with `pad_to` and `top_up` (LlamaModel.decode)."""
+    return (max(n + 1, pad_to) if top_up else max(n, pad_to)) if pad_to else n
+
+
 def check_context(n_ctx: int, n_ctx_train: int, n_batch: int, sequences: int) -> None:
     """Refuse, with the fix, a context llama.cpp would abort on or refuse. It sizes its output
     buffer at creation for one row per sequence id and caps a batch at the context (an abort
@@ -309,7 +314,7 @@ class LlamaModel(HiddenStates):
         if self._governed:
             self._follow_cores()
         n = len(tokens)
-        total = (max(n + 1, pad_to) if top_up else max(n, pad_to)) if pad_to else n
+        total = padded_rows(n, pad_to, top_up)
         if n == 0 or total > self.n_batch:
             raise ValueError(f"batch of {total} tokens (1..{self.n_batch} allowed)")
         self._tok[:n] = tokens

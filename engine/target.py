@@ -36,7 +36,7 @@ from typing import Sequence
 import numpy as np
 
 from .errors import LocalspecError
-from .llama_model import EXACT_MAX_ROWS, LlamaModel
+from .llama_model import EXACT_MAX_ROWS, LlamaModel, padded_rows
 from .prefix import common_prefix
 from .tree import DraftTree, TreeLayout
 
@@ -151,7 +151,7 @@ class Target:
         """
         layout = tree.layout()
         n_paths = len(layout.leaf_seq)
-        n = (max(tree.n + 1, pad_to) if top_up else max(tree.n, pad_to)) if pad_to else tree.n
+        n = padded_rows(tree.n, pad_to, top_up)
         if self._pending and (pad_to or len(self._pending) + n > EXACT_MAX_ROWS):
             self.prefill(())   # their own batch: within ggml's row-alone attention, unpadded
         k = len(self._pending)
