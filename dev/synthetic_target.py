@@ -8,12 +8,18 @@ the layers it gives more bits (the first and last eighth, and every third betwee
 is copied from a reference GGUF (every `tokenizer.*` field), so prompts tokenize as the real
 family's do and the vocabulary, hence the embedding and the output matrix, has its real size.
 
-The weights are random bytes with the block scales set: a Q4_K block's d and dmin and a Q6_K
-block's d are small fp16 values (Q6_K's int8 sub-block scales cut to -16..15), so a weight's
-spread is ~0.02 and activations, attention scores and logits stay finite through every layer.
+`--types q5_k_m` writes Q5_K_M's types instead (Q5_K where Q4_K_M has Q4_K), and `--types q8_0`
+Q8_0 in every matrix, as llama.cpp's quantizer does for those file types: the streaming kernels'
+other types, timed on the same shapes.
+
+The weights are random bytes with the block scales set: a Q4_K or Q5_K block's d and dmin, a Q6_K
+block's d and a Q8_0 block's d are small fp16 values (Q6_K's int8 sub-block scales cut to
+-16..15), so a weight's spread is ~0.02 and activations, attention scores and logits stay finite
+through every layer.
 Tensor data is written a slice at a time: a 32B file (~19 GB) never sits in memory.
 
-Usage: python dev/synthetic_target.py --shape tiny|1.5b|7b|14b|32b OUT.gguf [--tokenizer-from REF.gguf]
+Usage: python dev/synthetic_target.py --shape tiny|1.5b|7b|14b|32b OUT.gguf [--types q4_k_m|q5_k_m|q8_0]
+[--tokenizer-from REF.gguf]
 (default reference: the target tools/fetch-bench-models keeps); `--tokenizer-only OUT.gguf` writes
 the reference's tokenizer alone, a few MB to carry to a GPU host instead of the reference. `--shape tiny` loads and decodes
 on a CPU in seconds (tests/engine/test_synthetic_target.py).
@@ -30,12 +36,31 @@ import numpy as np
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter, LlamaFileType
 from gguf.constants import GGML_QUANT_SIZES
 
-Q4_K, Q6_K, F32 = GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K, GGMLQuantizationType.F32
+Q4_K, Q5_K, Q6_K = GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_K, GGMLQuantizationType.Q6_K
+Q8_0, F32 = GGMLQuantizationType.Q8_0, GGMLQuantizationType.F32
 REFERENCE = Path.home() / ".cache/localspec-bench/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
 # a weight's spread: d of a Q4_K block (its codes times 6-bit scales spread ~260 d, centred by
 # dmin = 7.5 d) and of a Q6_K block (codes less 32 times scales of -16..15 spread ~170 d)
 Q4_K_D, Q4_K_DMIN, Q6_K_D = 8e-5, 6e-4, 1.2e-4
+# Q5_K's codes span 0..31, twice Q4_K's, so half its d keeps the spread and the same dmin the
+# centre; a Q8_0 block's int8 codes spread ~74 d
+Q5_K_D, Q5_K_DMIN, Q8_0_D = 4e-5, 6e-4, 2.5e-4
 SLICE = 32 << 20    # bytes of tensor data generated at a time
+
+
+@dataclass(frozen=True)
+class Types:
+    """A file type's tensor types: most matrices, the more-bits layers' attn_v and ffn_down, the
+    output matrix."""
+    base: GGMLQuantizationType
+    wide: GGMLQuantizationType
+    output: GGMLQuantizationType
+    file_type: LlamaFileType
+
+
+TYPES = {"q4_k_m": Types(Q4_K, Q6_K, Q6_K, LlamaFileType.MOSTLY_Q4_K_M),
+         "q5_k_m": Types(Q5_K, Q6_K, Q6_K, LlamaFileType.MOSTLY_Q5_K_M),
+         "q8_0": Types(Q8_0, Q8_0, Q8_0, LlamaFileType.MOSTLY_Q8_0)}
 
 
 @dataclass(frozen=True)
@@ -64,22 +89,23 @@ def more_bits(layer: int, layers: int) -> bool:
     return layer < layers // 8 or layer >= 7 * layers // 8 or (layer - layers // 8) % 3 == 2
 
 
-def tensors(shape: Shape, vocab: int) -> list[tuple[str, GGMLQuantizationType, tuple[int, int]]]:
+def tensors(shape: Shape, vocab: int, types: Types = TYPES["q4_k_m"]) -> list[tuple[str, GGMLQuantizationType, tuple[int, int]]]:
     """(name, type, (rows, row length)) of every tensor, in file order; a vector is one row."""
     h, kv = shape.hidden, shape.kv_heads * (shape.hidden // shape.heads)
-    out = [("token_embd.weight", Q4_K, (vocab, h))]
+    base = types.base
+    out = [("token_embd.weight", base, (vocab, h))]
     for i in range(shape.layers):
-        wide = Q6_K if more_bits(i, shape.layers) else Q4_K
+        wide = types.wide if more_bits(i, shape.layers) else base
         b = f"blk.{i}."
         out += [(b + "attn_norm.weight", F32, (1, h)),
-                (b + "attn_q.weight", Q4_K, (h, h)), (b + "attn_q.bias", F32, (1, h)),
-                (b + "attn_k.weight", Q4_K, (kv, h)), (b + "attn_k.bias", F32, (1, kv)),
+                (b + "attn_q.weight", base, (h, h)), (b + "attn_q.bias", F32, (1, h)),
+                (b + "attn_k.weight", base, (kv, h)), (b + "attn_k.bias", F32, (1, kv)),
                 (b + "attn_v.weight", wide, (kv, h)), (b + "attn_v.bias", F32, (1, kv)),
-                (b + "attn_output.weight", Q4_K, (h, h)),
+                (b + "attn_output.weight", base, (h, h)),
                 (b + "ffn_norm.weight", F32, (1, h)),
-                (b + "ffn_gate.weight", Q4_K, (shape.ffn, h)), (b + "ffn_up.weight", Q4_K, (shape.ffn, h)),
+                (b + "ffn_gate.weight", base, (shape.ffn, h)), (b + "ffn_up.weight", base, (shape.ffn, h)),
                 (b + "ffn_down.weight", wide, (h, shape.ffn))]
-    out += [("output_norm.weight", F32, (1, h)), ("output.weight", Q6_K, (vocab, h))]
+    out += [("output_norm.weight", F32, (1, h)), ("output.weight", types.output, (vocab, h))]
     return out
 
 
@@ -92,10 +118,12 @@ def blocks(kind: GGMLQuantizationType, count: int, rng: np.random.Generator) -> 
     """`count` blocks of random codes and scales with finite, small fp16 block scales."""
     size = GGML_QUANT_SIZES[kind][1]
     raw = np.frombuffer(rng.bytes(count * size), np.uint8).reshape(count, size).copy()
-    if kind == Q4_K:     # d, dmin, 12 bytes of 6-bit scales and mins, 128 bytes of codes
-        raw[:, 0:2] = np.frombuffer(np.float16(Q4_K_D).tobytes(), np.uint8)
-        raw[:, 2:4] = np.frombuffer(np.float16(Q4_K_DMIN).tobytes(), np.uint8)
-    else:                # Q6_K: 128 + 64 bytes of codes, 16 int8 scales, d
+    if kind in (Q4_K, Q5_K):   # d, dmin, 12 bytes of 6-bit scales and mins, (32 bytes of fifth bits,) codes
+        raw[:, 0:2] = np.frombuffer(np.float16(Q4_K_D if kind == Q4_K else Q5_K_D).tobytes(), np.uint8)
+        raw[:, 2:4] = np.frombuffer(np.float16(Q4_K_DMIN if kind == Q4_K else Q5_K_DMIN).tobytes(), np.uint8)
+    elif kind == Q8_0:         # d, 32 int8 codes
+        raw[:, 0:2] = np.frombuffer(np.float16(Q8_0_D).tobytes(), np.uint8)
+    else:                      # Q6_K: 128 + 64 bytes of codes, 16 int8 scales, d
         raw[:, 192:208] = (raw[:, 192:208].view(np.int8) >> 3).view(np.uint8)
         raw[:, 208:210] = np.frombuffer(np.float16(Q6_K_D).tobytes(), np.uint8)
     return raw.tobytes()
@@ -123,13 +151,13 @@ def write_tokenizer(out: Path, reference: Path) -> None:
     w.close()
 
 
-def write(shape_name: str, out: Path, reference: Path, seed: int = 0) -> None:
+def write(shape_name: str, out: Path, reference: Path, seed: int = 0, types: str = "q4_k_m") -> None:
     shape = SHAPES[shape_name]
     fields = tokenizer_fields(reference)
     vocab = len(next(value for key, value, _, _ in fields if key == "tokenizer.ggml.tokens"))
     w = GGUFWriter(str(out), arch="qwen2")
-    w.add_name(f"localspec synthetic Qwen2.5 {shape_name} (random weights, timing only)")
-    w.add_file_type(LlamaFileType.MOSTLY_Q4_K_M)
+    w.add_name(f"localspec synthetic Qwen2.5 {shape_name} {types} (random weights, timing only)")
+    w.add_file_type(TYPES[types].file_type)
     w.add_context_length(32768)
     w.add_embedding_length(shape.hidden)
     w.add_block_count(shape.layers)
@@ -140,7 +168,7 @@ def write(shape_name: str, out: Path, reference: Path, seed: int = 0) -> None:
     w.add_layer_norm_rms_eps(1e-6)
     for key, value, kind, sub in fields:
         w.add_key_value(key, value, kind, sub_type=sub)
-    plan = tensors(shape, vocab)
+    plan = tensors(shape, vocab, TYPES[types])
     for name, kind, (rows, length) in plan:
         w.add_tensor_info(name, (rows, length) if rows > 1 else (length,), np.dtype(np.float32),
                           nbytes(kind, rows, length), raw_dtype=kind)
@@ -174,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out", type=Path)
     parser.add_argument("--tokenizer-from", type=Path, default=REFERENCE,
                         help="a GGUF whose tokenizer the file takes (default: the reference target)")
+    parser.add_argument("--types", choices=list(TYPES), default="q4_k_m",
+                        help="the file type's tensor types (default Q4_K_M's)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     if not args.tokenizer_from.is_file():
@@ -186,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.tokenizer_only:
         write_tokenizer(tmp, args.tokenizer_from)
     else:
-        write(args.shape, tmp, args.tokenizer_from, args.seed)
+        write(args.shape, tmp, args.tokenizer_from, args.seed, args.types)
     os.replace(tmp, args.out)
     print(f"{args.out}: {args.out.stat().st_size / 2**30:.2f} GiB")
     return 0

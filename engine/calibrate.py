@@ -69,7 +69,7 @@ MULTICOL_WIDEST = 64
 # On a GPU with packaging/patches each batch width up to CUDA_WIDEST is served by the path that was
 # cheapest for it with the loaded model: ggml's own dispatch (its mat-vec up to 8 rows, mul_mat_q
 # from 9), the multi-column tensor-core kernels, mul_mat_q where ggml would take its mat-vec, or
-# the streaming kernels for the Q4_K and Q6_K matrices with ggml's own dispatch for the rest
+# the streaming kernels for the Q4_K, Q5_K, Q6_K and Q8_0 matrices with ggml's own dispatch for the rest
 # (where the build has them). No one crossover holds across models' shapes, so each width is measured
 # (docs/decisions/0044, 0049). Each path is one setting of the switches with every width it can
 # take on it; a width is timed on each.

@@ -44,7 +44,7 @@ class Costs:
     multicol_max: int | None = None
     # on a GPU with packaging/patches, the batch widths (bit n-1: n rows, 1..16) the curve was
     # measured with and decodes must run with on the CUDA multi-column kernels, and on ggml's
-    # mul_mat_q where ggml would take its mat-vec, and whose Q4_K matmuls take the streaming kernel
+    # mul_mat_q where ggml would take its mat-vec, and whose quantized matmuls take the streaming kernel
     # (`calibrate.cuda_widths`), None: the patch's own
     cuda_multicol_widths: int | None = None
     cuda_mmq_widths: int | None = None

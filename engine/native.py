@@ -48,8 +48,8 @@ MULTICOL_MAX = "GGML_CPU_MULTICOL_MAX"  # packaging/patches: most batch rows on 
 MULTICOL_MIN = "GGML_CPU_MULTICOL_MIN"  # packaging/patches: 1 puts one-row decodes on them too
 # packaging/patches (ggml-cuda-width-dispatch, ggml-cuda-width-stream): bitmasks of batch widths
 # 1..16 (bit n-1: n rows) that take the CUDA multi-column kernels, of widths 2..8 that take ggml's
-# mul_mat_q instead of its mat-vec, and of widths whose Q4_K and Q6_K matmuls take the streaming
-# kernels; read at each graph's start and part of its CUDA graph's key
+# mul_mat_q instead of its mat-vec, and of widths whose Q4_K, Q5_K, Q6_K and Q8_0 matmuls take the
+# streaming kernels; read at each graph's start and part of its CUDA graph's key
 CUDA_MULTICOL_WIDTHS = "GGML_CUDA_MULTICOL_WIDTHS"
 CUDA_MMQ_WIDTHS = "GGML_CUDA_MMQ_WIDTHS"
 CUDA_STREAM_WIDTHS = "GGML_CUDA_STREAM_WIDTHS"
@@ -161,8 +161,8 @@ def has_cuda_width_switches() -> bool:
 
 
 def has_cuda_stream_kernel() -> bool:
-    """Whether ggml's CUDA backend here has packaging/patches' streaming Q4_K and Q6_K kernels,
-    which take the widths CUDA_STREAM_WIDTHS names (ggml-cuda-width-stream)."""
+    """Whether ggml's CUDA backend here has packaging/patches' streaming kernels (Q4_K, Q5_K, Q6_K
+    and Q8_0 weights), which take the widths CUDA_STREAM_WIDTHS names (ggml-cuda-width-stream)."""
     return has_marker("localspec_cuda_stream_switch")
 
 

@@ -1,10 +1,10 @@
-"""packaging/patches' streaming kernels (ggml-cuda's mmvq-stream.cu: Q4_K and Q6_K weights in ggml's
-own rows times 1..16 columns, streamed once for all of them into int8 tensor cores) against ggml's
+"""packaging/patches' streaming kernels (ggml-cuda's mmvq-stream.cu: Q4_K, Q5_K, Q6_K and Q8_0 weights in
+ggml's own rows times 1..16 columns, streamed once for all of them into int8 tensor cores) against ggml's
 own CUDA kernels, on random data. Runs where llama.cpp has a CUDA backend and a GPU (the GPU host:
 `dev/gpu-kernels.sh`); skipped elsewhere.
 
-The kernels sum the integers ggml's mat-vec sums (a Q4_K sub-block, or a Q6_K group of 16, against
-a q8_1 block) and apply the scales in fp32 per sub-block, in another order: within float rounding of ggml's
+The kernels sum the integers ggml's mat-vec sums (a Q4_K or Q5_K sub-block, a Q8_0 block, or a Q6_K
+group of 16, against a q8_1 block) and apply the scales in fp32 per sub-block, in another order: within float rounding of ggml's
 mat-vec (1..8 columns), and of mul_mat_q within its own difference (9..16, test_multicol_cuda's
 TOLERANCE_MMQ). Each column's sums run in the same order at every width, so a column's result is
 the same bits at every width."""
@@ -14,15 +14,17 @@ import numpy as np
 import pytest
 
 import ggml_cuda
-from test_multicol_cuda import COLS, NAMES, Q4_K, Q6_K, TOLERANCE, TOLERANCE_MMQ, _inputs, _run
+from test_multicol_cuda import COLS, NAMES, Q4_K, Q5_K, Q6_K, Q8_0, TOLERANCE, TOLERANCE_MMQ, _inputs, _run
 
 EVERY = str((1 << COLS) - 1)
 
 # (type, row length, rows): the reference target's (1536, 8960), rows not a multiple of the kernel's
 # 64, one super-block a row (Q6_K: one pair of them), 7B-shaped k/v and q/o matrices (a row split
-# over blocks: split-K), and a 7B ffn_down in Q6_K
+# over blocks: split-K), and a 7B ffn_down in Q6_K; Q5_K and Q8_0 (a step of eight Q8_0 blocks) alike
 CASES = [(Q4_K, 1536, 200), (Q4_K, 8960, 40), (Q4_K, 256, 1000), (Q4_K, 3584, 512), (Q4_K, 3584, 3584),
-         (Q6_K, 1536, 200), (Q6_K, 512, 1000), (Q6_K, 3584, 512), (Q6_K, 18944, 256)]
+         (Q6_K, 1536, 200), (Q6_K, 512, 1000), (Q6_K, 3584, 512), (Q6_K, 18944, 256),
+         (Q5_K, 1536, 200), (Q5_K, 256, 1000), (Q5_K, 3584, 512), (Q5_K, 18944, 256),
+         (Q8_0, 1536, 200), (Q8_0, 256, 1000), (Q8_0, 3584, 512), (Q8_0, 8960, 40)]
 
 pytestmark = pytest.mark.skipif(not ggml_cuda.available(),
                                 reason="needs llama.cpp's CUDA backend and a GPU")
@@ -49,8 +51,8 @@ def test_stream_kernel_matches_ggml_and_a_column_is_the_same_at_every_width(tmp_
 
 def test_stream_widths_mask_sends_exactly_its_widths_and_what_it_cannot_stream_stays(tmp_path):
     """GGML_CUDA_STREAM_WIDTHS names the widths; the others keep ggml's bits. Q6_K rows of an odd
-    number of super-blocks (not 4-byte aligned a pair at a time) stay where the other switches
-    send them at every width."""
+    number of super-blocks (not 4-byte aligned a pair at a time), and Q8_0 rows that are not whole
+    steps of 256 weights, stay where the other switches send them at every width."""
     weights, acts = _inputs(Q4_K, 1536, 200)
     widths = {1, 3, 8, 9, 16}
     stock = _run(tmp_path, Q4_K, weights, acts, "stock", max="0")
@@ -59,15 +61,16 @@ def test_stream_widths_mask_sends_exactly_its_widths_and_what_it_cannot_stream_s
     assert some["stream_calls"] == len(widths)
     for n in range(1, COLS + 1):
         assert np.array_equal(some[f"w{n}"], (every if n in widths else stock)[f"w{n}"]), f"{n} columns"
-    weights6, acts6 = _inputs(Q6_K, 768, 200)
-    stock6 = _run(tmp_path, Q6_K, weights6, acts6, "stock6", max="0")
-    named6 = _stream(tmp_path, Q6_K, weights6, acts6, "named6")
-    assert named6["stream_calls"] == 0
-    for n in range(1, COLS + 1):
-        assert np.array_equal(named6[f"w{n}"], stock6[f"w{n}"]), f"Q6_K, {n} columns"
+    for kind, k in ((Q6_K, 768), (Q8_0, 288)):
+        weights_k, acts_k = _inputs(kind, k, 200)
+        stock_k = _run(tmp_path, kind, weights_k, acts_k, f"stock{kind}", max="0")
+        named_k = _stream(tmp_path, kind, weights_k, acts_k, f"named{kind}")
+        assert named_k["stream_calls"] == 0, NAMES[kind]
+        for n in range(1, COLS + 1):
+            assert np.array_equal(named_k[f"w{n}"], stock_k[f"w{n}"]), f"{NAMES[kind]}, {n} columns"
 
 
-@pytest.mark.parametrize("kind", [Q4_K, Q6_K], ids=["Q4_K", "Q6_K"])
+@pytest.mark.parametrize("kind", [Q4_K, Q5_K, Q6_K, Q8_0], ids=["Q4_K", "Q5_K", "Q6_K", "Q8_0"])
 def test_stream_kernel_adds_a_bias_row_in_its_store_with_the_bits_of_a_separate_add(tmp_path, kind):
     weights, acts = _inputs(kind, 3584, 512)
     bias = np.random.default_rng(11).normal(size=512).astype(np.float32)
