@@ -15,10 +15,21 @@ libs=${LIBS:-.gpu/libs}
 # a carried build serves only the patches it was built from (its libs.key); the key also names
 # what the build holds besides the libraries (llama-server, for `localspec bench --serve`)
 key=$( (cat packaging/patches/*.patch; echo with-llama-server) | sha256sum | cut -c1-16)
+# A carried build made elsewhere (dev/gpu-build-here.sh) may not load here (its cuBLAS, its C
+# library): it is used only once llama.cpp's CUDA backend loads from it, else built here.
+carried=no
 if ls "$libs"/libs.* >/dev/null 2>&1 && [ "$(cat "$libs/libs.key" 2>/dev/null)" = "$key" ]; then
   cat "$libs"/libs.[a-z][a-z] | xz -d | tar x -C /tmp/cb/bin
-  echo "reused the carried llama.cpp build"
-else
+  mkdir -p /tmp/probe-site && cp -r "$d/llama_cpp" /tmp/probe-site/
+  if PYTHONPATH=/tmp/probe-site LLAMA_CPP_LIB_PATH=/tmp/cb/bin LD_PRELOAD=$(g++ -print-file-name=libstdc++.so.6) \
+       python3 -c "import llama_cpp, sys; sys.exit(0 if llama_cpp.llama_supports_gpu_offload() else 1)" \
+     && /tmp/cb/bin/llama-server --version >/dev/null 2>&1; then
+    carried=yes; echo "reused the carried llama.cpp build"
+  else
+    echo "the carried llama.cpp build does not load here: building"; rm -rf /tmp/cb/bin/*
+  fi
+fi
+if [ $carried = no ]; then
   # llama-server too (the side-by-side of `localspec bench --serve --llama-server`), without its
   # web UI's assets, which its build would otherwise try to download (the host has no network)
   cmake -S "$d/vendor/llama.cpp" -B /tmp/cb -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
