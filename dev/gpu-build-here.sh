@@ -25,9 +25,14 @@ fi
 (cd "$work/cublas" && ${PYTHON:-python3} -m zipfile -e "$wheel" .)
 blas=$work/cublas/nvidia/cu13
 ln -sf libcublas.so.13 "$blas/lib/libcublas.so" && ln -sf libcublasLt.so.13 "$blas/lib/libcublasLt.so"
-# libcuda.so.1 in name only: a shared library may leave symbols to the one loaded at run time
-echo "" > "$work/stub/empty.c"
-gcc -shared -fPIC -Wl,-soname,libcuda.so.1 -o "$work/stub/libcuda.so" "$work/stub/empty.c"
+# libcuda.so.1 as a stub: the driver functions ggml-cuda calls (`nm -D --undefined-only` of its
+# library), defined empty so that the link records libcuda.so.1 as needed (a stub that defines none
+# is dropped, and the calls would find nothing at run time); the host's driver defines them
+for f in cuDeviceGet cuDeviceGetAttribute cuGetErrorString cuMemAddressFree cuMemAddressReserve cuMemCreate \
+         cuMemGetAllocationGranularity cuMemMap cuMemRelease cuMemSetAccess cuMemUnmap; do
+  echo "int $f(void) { return 0; }"
+done > "$work/stub/libcuda.c"
+gcc -shared -fPIC -Wl,-soname,libcuda.so.1 -o "$work/stub/libcuda.so" "$work/stub/libcuda.c"
 
 tar xzf "$root/.gpu/src/llama-cpp-python.tgz" -C "$work/b"
 src=$(ls -d "$work"/b/llama_cpp_python-*)
@@ -48,6 +53,13 @@ cmake -S "$src/vendor/llama.cpp" -B "$work/cb" -G Ninja -DGGML_CUDA=ON -DCMAKE_C
   -DCMAKE_SKIP_BUILD_RPATH=OFF -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON -DCMAKE_INSTALL_RPATH="$rpath" >/dev/null
 [ -n "${CONFIGURE_ONLY:-}" ] && exit 0
 cmake --build "$work/cb" -j"$(nproc)" --target llama llama-bench llama-server >/dev/null
+# every driver function the build calls must come from a library it names as needed
+lib=$work/cb/bin/libggml-cuda.so
+missing=$(nm -D --undefined-only "$lib" | awk '$2 ~ /^cu[A-Z]/ {print $2}' | while read -r f; do
+  grep -q "int $f(" "$work/stub/libcuda.c" || echo "$f"; done)
+if [ -n "$missing" ] || ! readelf -d "$lib" | grep -q 'NEEDED.*libcuda.so.1'; then
+  echo "libggml-cuda.so calls driver functions the stub lacks: $missing (add them above)" >&2; exit 1
+fi
 mkdir -p "$out" && rm -f "$out"/libs.*
 (cd "$work/cb/bin" && tar cf - ./*.so* llama-server) | xz -T0 -6 | split -b 15m - "$out/libs."
 (cat "$root"/packaging/patches/*.patch; echo with-llama-server) | sha256sum | cut -c1-16 > "$out/libs.key"
