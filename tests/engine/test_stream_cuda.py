@@ -20,9 +20,11 @@ EVERY = str((1 << COLS) - 1)
 
 # (type, row length, rows): the reference target's (1536, 8960), rows not a multiple of the kernel's
 # 64, one super-block a row (Q6_K: one pair of them), 7B-shaped k/v and q/o matrices (a row split
-# over blocks: split-K), and a 7B ffn_down in Q6_K; Q5_K and Q8_0 (a step of eight Q8_0 blocks) alike
+# over blocks: split-K), and a 7B ffn_down in Q6_K; a 32B k/v (5120 by 1024) and ffn_down row
+# (27648); Q5_K and Q8_0 (a step of eight Q8_0 blocks) alike
 CASES = [(Q4_K, 1536, 200), (Q4_K, 8960, 40), (Q4_K, 256, 1000), (Q4_K, 3584, 512), (Q4_K, 3584, 3584),
-         (Q6_K, 1536, 200), (Q6_K, 512, 1000), (Q6_K, 3584, 512), (Q6_K, 18944, 256),
+         (Q4_K, 5120, 1024),
+         (Q6_K, 1536, 200), (Q6_K, 512, 1000), (Q6_K, 3584, 512), (Q6_K, 18944, 256), (Q6_K, 27648, 128),
          (Q5_K, 1536, 200), (Q5_K, 256, 1000), (Q5_K, 3584, 512), (Q5_K, 18944, 256),
          (Q8_0, 1536, 200), (Q8_0, 256, 1000), (Q8_0, 3584, 512), (Q8_0, 8960, 40)]
 
