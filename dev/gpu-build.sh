@@ -20,10 +20,11 @@ key=$( (cat packaging/patches/*.patch; echo with-llama-server) | sha256sum | cut
 carried=no
 if ls "$libs"/libs.* >/dev/null 2>&1 && [ "$(cat "$libs/libs.key" 2>/dev/null)" = "$key" ]; then
   cat "$libs"/libs.[a-z][a-z] | xz -d | tar x -C /tmp/cb/bin
-  mkdir -p /tmp/probe-site && cp -r "$d/llama_cpp" /tmp/probe-site/
-  if PYTHONPATH=/tmp/probe-site LLAMA_CPP_LIB_PATH=/tmp/cb/bin LD_PRELOAD=$(g++ -print-file-name=libstdc++.so.6) \
-       python3 -c "import llama_cpp, sys; sys.exit(0 if llama_cpp.llama_supports_gpu_offload() else 1)" \
-     && /tmp/cb/bin/llama-server --version >/dev/null 2>&1; then
+  # through ctypes alone: the llama_cpp package imports what is installed only further down
+  if LD_PRELOAD=$(g++ -print-file-name=libstdc++.so.6) python3 -c "import ctypes, sys
+lib = ctypes.CDLL('/tmp/cb/bin/libllama.so', mode=ctypes.RTLD_GLOBAL)
+lib.llama_backend_init(); lib.llama_supports_gpu_offload.restype = ctypes.c_bool
+sys.exit(0 if lib.llama_supports_gpu_offload() else 1)" && /tmp/cb/bin/llama-server --version >/dev/null 2>&1; then
     carried=yes; echo "reused the carried llama.cpp build"
   else
     echo "the carried llama.cpp build does not load here: building"; rm -rf /tmp/cb/bin/*
