@@ -62,5 +62,5 @@ if [ -n "$missing" ] || ! readelf -d "$lib" | grep -q 'NEEDED.*libcuda.so.1'; th
 fi
 mkdir -p "$out" && rm -f "$out"/libs.*
 (cd "$work/cb/bin" && tar cf - ./*.so* llama-server) | xz -T0 -6 | split -b 15m - "$out/libs."
-(cat "$root"/packaging/patches/*.patch; echo with-llama-server) | sha256sum | cut -c1-16 > "$out/libs.key"
+bash "$root/dev/gpu-libs-key.sh" > "$out/libs.key"
 ls -la "$out"

@@ -14,7 +14,7 @@ for patch in packaging/patches/*.patch; do patch -s -p1 -d "$d" < "$patch"; done
 libs=${LIBS:-.gpu/libs}
 # a carried build serves only the patches it was built from (its libs.key); the key also names
 # what the build holds besides the libraries (llama-server, for `localspec bench --serve`)
-key=$( (cat packaging/patches/*.patch; echo with-llama-server) | sha256sum | cut -c1-16)
+key=$(bash dev/gpu-libs-key.sh)
 # A carried build made elsewhere (dev/gpu-build-here.sh) may not load here (its cuBLAS, its C
 # library): it is used only once llama.cpp's CUDA backend loads from it, else built here.
 carried=no

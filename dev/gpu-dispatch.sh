@@ -54,7 +54,7 @@ case "$1" in
   libs)
     cd /tmp/repo0 && grep -q '^built' /tmp/build.log
     (cd /tmp/cb/bin && tar cf - ./*.so* llama-server) | xz -T16 -6 | split -b 15m - "$OUT/libs."
-    (cat packaging/patches/*.patch; echo with-llama-server) | sha256sum | cut -c1-16 > "$OUT/libs.key" ;;
+    bash dev/gpu-libs-key.sh > "$OUT/libs.key" ;;
   wait)
     bash /tmp/repo0/dev/gpu-queue.sh poll "${2:-280}"
     cp /tmp/queue/res/* /tmp/queue-gpu.txt "$OUT"/ 2>/dev/null || true

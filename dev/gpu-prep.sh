@@ -28,7 +28,7 @@ ls .gpu/whl3/fastapi-*.whl >/dev/null 2>&1 ||
     --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 -d .gpu/whl3 $(.venv/bin/python -m pip freeze |
     grep -iE '^(fastapi|starlette|uvicorn|pydantic|pydantic_core|anyio|h11|click|typing_extensions|annotated-types|sniffio|idna|typing-inspection)==')
 rm -rf .gpu/m   # gpu-stage's pieces of both models: the recipe carries .gpu/t instead
-key=$( (cat packaging/patches/*.patch; echo with-llama-server) | sha256sum | cut -c1-16)   # as gpu-build.sh's
+key=$(bash dev/gpu-libs-key.sh)
 if [ "$(cat .gpu/libs/libs.key 2>/dev/null)" = "$key" ]; then
   echo "carry .gpu/libs: it was built from these patches ($key)"
 else
