@@ -8,13 +8,11 @@ dequantize_row_q6_K. No GPU needed: it checks the index arithmetic before device
 Run: python3 dev/stream_kernel/emulate_q6k_pairs.py (prints the error; "ok" below 1e-4)."""
 from __future__ import annotations
 
-import struct
-
 import numpy as np
+from emulated import ACT_U4, activation_layout, int8s, quantized_columns, word_b2
 
 M, KB, NC = 16, 4, 8          # one m-tile, two pairs of super-blocks, 8 columns (one n-tile)
 K = 256 * KB
-ACT_U4 = 160                  # one n-tile's activations for one super-block, in 16-byte units
 
 
 def make_rows(rng) -> list[bytes]:
@@ -45,48 +43,8 @@ def dequantized(row: bytes, i: int) -> float:
     return d * scale * q
 
 
-def quantized_columns(rng) -> tuple[np.ndarray, np.ndarray]:
-    """NC columns quantized as ggml's quantize_q8_1: codes, and each block's d as fp16 holds it."""
-    x = rng.normal(size=(NC, K)).astype(np.float32)
-    codes, d8 = np.zeros((NC, K), np.int8), np.zeros((NC, K // 32), np.float32)
-    for c in range(NC):
-        for j in range(K // 32):
-            block = x[c, 32 * j:32 * j + 32]
-            d = np.abs(block).max() / 127
-            codes[c, 32 * j:32 * j + 32] = np.round(block / d).astype(np.int8)
-            d8[c, j] = np.float32(np.float16(d))
-    return codes, d8
-
-
-def activation_layout(codes: np.ndarray, d8: np.ndarray) -> np.ndarray:
-    """lsp_stream_quantize's output (one n-tile) as 32-bit words, by its byte addresses."""
-    act = bytearray(KB * ACT_U4 * 16)
-    for kb in range(KB):
-        for g in range(NC):
-            for jj in range(8):
-                p, hs = jj // 2, jj % 2
-                for code in range(32):
-                    off = (kb * ACT_U4 + p * 32 + 4 * g + (code % 16) // 4) * 16 + 4 * (2 * hs + code // 16) + code % 4
-                    act[off] = int(codes[g, kb * 256 + jj * 32 + code]) & 0xFF
-                off = (kb * ACT_U4 + 128 + 4 * (g // 2) + p) * 16 + 4 * (2 * hs + g % 2)
-                act[off:off + 4] = struct.pack("<f", d8[g, kb * 8 + jj])
-    return np.frombuffer(bytes(act), np.uint32)
-
-
-def word_b2(stage: bytes, off: int) -> int:
-    """lsp_word_b2: the 4 bytes at an even offset, from two aligned words where it is not aligned."""
-    if off & 3 == 0:
-        return struct.unpack_from("<I", stage, off)[0]
-    lo, hi = struct.unpack_from("<I", stage, off - 2)[0], struct.unpack_from("<I", stage, off + 2)[0]
-    return ((hi << 32 | lo) >> 16) & 0xFFFFFFFF
-
-
 def vsub4(a: int, b: int) -> int:
     return sum(((((a >> 8 * k) & 0xFF) - ((b >> 8 * k) & 0xFF)) & 0xFF) << 8 * k for k in range(4))
-
-
-def int8s(w: int) -> list[int]:
-    return [((w >> 8 * k) & 0xFF) - (256 if (w >> 8 * k) & 0x80 else 0) for k in range(4)]
 
 
 def kernel(rows: list[bytes], act: np.ndarray) -> np.ndarray:
@@ -144,7 +102,7 @@ def kernel(rows: list[bytes], act: np.ndarray) -> np.ndarray:
 def main() -> int:
     rng = np.random.default_rng(1)
     rows = make_rows(rng)
-    codes, d8 = quantized_columns(rng)
+    codes, d8 = quantized_columns(rng, NC, K)
     out = kernel(rows, activation_layout(codes, d8))
     ref = np.array([[sum(dequantized(rows[r], i) * float(d8[c, i // 32]) * int(codes[c, i]) for i in range(K))
                      for r in range(M)] for c in range(NC)])

@@ -12,14 +12,13 @@ Run: python3 dev/stream_kernel/emulate_stream_k.py (prints each type's error; "o
 the check fail)."""
 from __future__ import annotations
 
-import struct
 import sys
 
 import numpy as np
+from emulated import ACT_U4, activation_layout, int8s, quantized_columns, word, word_b2
 
 M, STEPS, NC = 16, 3, 8       # one m-tile, three steps of 256 weights, 8 columns (one n-tile)
 K = 256 * STEPS
-ACT_U4 = 160                  # one n-tile's activations for one step, in 16-byte units
 ROW_U4 = {"Q4_K": 9, "Q5_K": 11, "Q8_0": 17}
 BREAK = "--break" in sys.argv
 
@@ -79,54 +78,6 @@ def dequantized_row(row: bytes, kind: str) -> np.ndarray:
                     q += 16 * ((qh[code] >> j) & 1)
                 out[256 * s + 32 * j + code] = d * sc * q - dmin * m
     return out
-
-
-def quantized_columns(rng) -> tuple[np.ndarray, np.ndarray]:
-    """NC columns quantized as ggml's quantize_q8_1: codes, and each block's d as fp16 holds it."""
-    x = rng.normal(size=(NC, K)).astype(np.float32)
-    codes, d8 = np.zeros((NC, K), np.int8), np.zeros((NC, K // 32), np.float32)
-    for c in range(NC):
-        for j in range(K // 32):
-            block = x[c, 32 * j:32 * j + 32]
-            d = np.abs(block).max() / 127
-            codes[c, 32 * j:32 * j + 32] = np.round(block / d).astype(np.int8)
-            d8[c, j] = np.float32(np.float16(d))
-    return codes, d8
-
-
-def activation_layout(codes: np.ndarray, d8: np.ndarray) -> np.ndarray:
-    """lsp_stream_quantize's output (one n-tile) as 32-bit words, by its byte addresses: codes,
-    d, and d times the sum of the block's codes (the min term's factor)."""
-    act = bytearray(STEPS * ACT_U4 * 16)
-    for kb in range(STEPS):
-        for g in range(NC):
-            for jj in range(8):
-                p, hs = jj // 2, jj % 2
-                block = codes[g, kb * 256 + jj * 32:kb * 256 + jj * 32 + 32]
-                for code in range(32):
-                    off = (kb * ACT_U4 + p * 32 + 4 * g + (code % 16) // 4) * 16 + 4 * (2 * hs + code // 16) + code % 4
-                    act[off] = int(block[code]) & 0xFF
-                d = d8[g, kb * 8 + jj]
-                for base, value in ((128, d), (144, np.float32(d * int(block.astype(np.int64).sum())))):
-                    off = (kb * ACT_U4 + base + 4 * (g // 2) + p) * 16 + 4 * (2 * hs + g % 2)
-                    act[off:off + 4] = struct.pack("<f", value)
-    return np.frombuffer(bytes(act), np.uint32)
-
-
-def word(stage: bytes, w: int) -> int:
-    return struct.unpack_from("<I", stage, 4 * w)[0]
-
-
-def word_b2(stage: bytes, off: int) -> int:
-    """lsp_word_b2: the 4 bytes at an even offset, from two aligned words where it is not aligned."""
-    if off & 3 == 0:
-        return word(stage, off >> 2)
-    lo, hi = word(stage, off >> 2), word(stage, (off >> 2) + 1)
-    return ((hi << 32 | lo) >> 16) & 0xFFFFFFFF
-
-
-def int8s(w: int) -> list[int]:
-    return [((w >> 8 * k) & 0xFF) - (256 if (w >> 8 * k) & 0x80 else 0) for k in range(4)]
 
 
 def u8(w: int, byte: int) -> int:
@@ -224,7 +175,7 @@ def kernel(rows: list[bytes], act: np.ndarray, kind: str) -> np.ndarray:
 
 def main() -> int:
     rng = np.random.default_rng(1)
-    codes, d8 = quantized_columns(rng)
+    codes, d8 = quantized_columns(rng, NC, K)
     act = activation_layout(codes, d8)
     a_deq = codes.astype(np.float64) * np.repeat(d8.astype(np.float64), 32, axis=1)
     failed = 0
