@@ -45,6 +45,7 @@ Q4_K_D, Q4_K_DMIN, Q6_K_D = 8e-5, 6e-4, 1.2e-4
 # Q5_K's codes span 0..31, twice Q4_K's, so half its d keeps the spread and the same dmin the
 # centre; a Q8_0 block's int8 codes spread ~74 d
 Q5_K_D, Q5_K_DMIN, Q8_0_D = 4e-5, 6e-4, 2.5e-4
+K_SCALES = {Q4_K: (Q4_K_D, Q4_K_DMIN), Q5_K: (Q5_K_D, Q5_K_DMIN)}   # a block's d and dmin
 SLICE = 32 << 20    # bytes of tensor data generated at a time
 
 
@@ -118,9 +119,10 @@ def blocks(kind: GGMLQuantizationType, count: int, rng: np.random.Generator) -> 
     """`count` blocks of random codes and scales with finite, small fp16 block scales."""
     size = GGML_QUANT_SIZES[kind][1]
     raw = np.frombuffer(rng.bytes(count * size), np.uint8).reshape(count, size).copy()
-    if kind in (Q4_K, Q5_K):   # d, dmin, 12 bytes of 6-bit scales and mins, (32 bytes of fifth bits,) codes
-        raw[:, 0:2] = np.frombuffer(np.float16(Q4_K_D if kind == Q4_K else Q5_K_D).tobytes(), np.uint8)
-        raw[:, 2:4] = np.frombuffer(np.float16(Q4_K_DMIN if kind == Q4_K else Q5_K_DMIN).tobytes(), np.uint8)
+    if kind in K_SCALES:       # d, dmin, 12 bytes of 6-bit scales and mins, (32 bytes of fifth bits,) codes
+        d, dmin = K_SCALES[kind]
+        raw[:, 0:2] = np.frombuffer(np.float16(d).tobytes(), np.uint8)
+        raw[:, 2:4] = np.frombuffer(np.float16(dmin).tobytes(), np.uint8)
     elif kind == Q8_0:         # d, 32 int8 codes
         raw[:, 0:2] = np.frombuffer(np.float16(Q8_0_D).tobytes(), np.uint8)
     else:                      # Q6_K: 128 + 64 bytes of codes, 16 int8 scales, d
